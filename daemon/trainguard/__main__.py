@@ -1,0 +1,3 @@
+from trainguard.cli import main
+
+raise SystemExit(main())
