@@ -1,0 +1,319 @@
+"""Configuration: TOML file + TRAINGUARD_* environment overrides, validated by pydantic.
+
+Unknown keys are errors (a typo must not silently disable a rule). Errors are
+collected and reported one line per problem, naming the file, the key path, the
+bad value and what is allowed. Values under secret keys are never echoed.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from trainguard.units import Bytes, Duration, Ratio
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+DEFAULT_CONFIG_PATH = "/etc/trainguard/config.toml"
+ENV_CONFIG = "TRAINGUARD_CONFIG"
+ENV_PREFIX = "TRAINGUARD_"
+# Keys whose values must never be printed back (notify URLs carry tokens).
+SECRET_KEYS = frozenset({"url", "urls", "password", "secret", "token"})
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+
+class General(Strict):
+    hostname: str = ""  # empty: the machine's host name
+    state_dir: str = "/var/lib/trainguard"
+    interval: Duration = 10.0
+    proc_root: str = "/proc"  # a sidecar points these at /host/proc, /host/sys
+    sys_root: str = "/sys"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @property
+    def host(self) -> str:
+        return self.hostname or socket.gethostname()
+
+
+class Thresholds(Strict):
+    warning: Ratio = 0.85
+    critical: Ratio = 0.90
+    inodes_warning: Ratio = 0.85
+    inodes_critical: Ratio = 0.90
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "Thresholds":
+        if self.warning > self.critical:
+            raise ValueError(f"warning ({self.warning:.0%}) is above critical ({self.critical:.0%})")
+        if self.inodes_warning > self.inodes_critical:
+            raise ValueError(
+                f"inodes_warning ({self.inodes_warning:.0%}) is above inodes_critical ({self.inodes_critical:.0%})"
+            )
+        return self
+
+
+class MountOverride(Strict):
+    """Per-mount thresholds, matched by mount point or glob ("/root/autodl-*")."""
+
+    match: str
+    warning: Ratio | None = None
+    critical: Ratio | None = None
+    inodes_warning: Ratio | None = None
+    inodes_critical: Ratio | None = None
+    ignore: bool = False
+
+
+class Filesystems(Thresholds):
+    paths: list[str] = []  # always watched; each path is resolved to its mount
+    exclude: list[str] = []  # mount point globs never watched
+    include_fstypes: list[str] = []  # extra fstypes to watch besides the built-in list
+    probe_timeout: Duration = 5.0
+    hysteresis: Ratio = 0.03  # a usage alert clears this far below its threshold
+    for_: Duration = Field(0.0, alias="for")
+    overrides: list[MountOverride] = []
+
+    def thresholds_for(self, mount_point: str) -> Thresholds:
+        values = self.model_dump(include={"warning", "critical", "inodes_warning", "inodes_critical"})
+        for override in self.overrides:
+            if fnmatch.fnmatchcase(mount_point, override.match):
+                values.update(override.model_dump(exclude={"match", "ignore"}, exclude_none=True))
+        return Thresholds.model_validate(values)
+
+    def ignored(self, mount_point: str) -> bool:
+        if any(fnmatch.fnmatchcase(mount_point, g) for g in self.exclude):
+            return True
+        return any(o.ignore and fnmatch.fnmatchcase(mount_point, o.match) for o in self.overrides)
+
+
+class Forecast(Strict):
+    enabled: bool = True
+    window: Duration = 6 * 3600.0  # how much history the trend is fitted on
+    min_span: Duration = 30 * 60.0  # no forecast before this much data
+    warning: Duration = 6 * 3600.0  # warn when the filesystem fills within this
+    critical: Duration = 3600.0
+
+
+class Io(Strict):
+    util_threshold: Ratio = 0.90
+    for_: Duration = Field(300.0, alias="for")
+
+
+class Alerts(Strict):
+    repeat_interval: Duration = 4 * 3600.0
+    # A firing alert resolves only after its condition has been gone this long:
+    # a value flapping around a threshold does not produce a message storm.
+    keep_firing_for: Duration = 60.0
+
+
+class History(Strict):
+    raw_retention: Duration = 24 * 3600.0  # full-resolution samples
+    retention: Duration = 14 * 86400.0  # 5-minute averages beyond that
+    rollup: Duration = 300.0
+
+
+class NotifyTarget(Strict):
+    name: str
+    url: str
+
+
+class Notify(Strict):
+    targets: list[NotifyTarget] = []
+
+
+class Gpu(Strict):
+    enabled: bool = True
+
+
+class LogWatch(Strict):
+    paths: list[str]
+
+
+class CleanupPolicy(Strict):
+    name: str
+    type: str
+    enabled: bool = True
+
+
+class Metrics(Strict):
+    listen: str = "127.0.0.1:9842"
+
+
+class Config(Strict):
+    general: General = General()
+    filesystems: Filesystems = Filesystems()
+    forecast: Forecast = Forecast()
+    io: Io = Io()
+    alerts: Alerts = Alerts()
+    history: History = History()
+    notify: Notify = Notify()
+    gpu: Gpu = Gpu()
+    logs: list[LogWatch] = []
+    cleanup: list[CleanupPolicy] = []
+    metrics: Metrics = Metrics()
+
+
+class ConfigError(Exception):
+    """One or more problems in a config; str() is one line per problem."""
+
+    def __init__(self, source: str, problems: list[str]):
+        self.source = source
+        self.problems = problems
+        super().__init__("\n".join(f"{source}: {p}" for p in problems))
+
+
+@dataclass(frozen=True)
+class Loaded:
+    config: Config
+    source: str  # the file read, or "built-in defaults"
+
+
+def _is_secret(loc: tuple[Any, ...]) -> bool:
+    return any(isinstance(part, str) and part.lower() in SECRET_KEYS for part in loc)
+
+
+def _describe(error: Mapping[str, Any]) -> str:
+    loc = tuple(error["loc"])
+    path = ".".join(str(p) for p in loc) or "(top level)"
+    message = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        return f"{path}: unknown key (check the spelling; allowed keys are in config.example.toml)"
+    if error["type"] == "literal_error":
+        return f"{path}: {message}, got {error['input']!r}"
+    if _is_secret(loc):
+        return f"{path}: {message} (value hidden)"
+    if error["type"] in ("value_error", "assertion_error") and "input" in error and not isinstance(
+        error["input"], (dict, list)
+    ):
+        if repr(error["input"]) in message:
+            return f"{path}: {message}"
+        return f"{path}: {message} (got {error['input']!r})"
+    if "input" in error and not isinstance(error["input"], (dict, list)):
+        return f"{path}: {message}, got {error['input']!r}"
+    return f"{path}: {message}"
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    """TRAINGUARD_FILESYSTEMS__WARNING=80% -> {"filesystems": {"warning": "80%"}}.
+
+    Values that look like JSON lists/objects are parsed, so
+    TRAINGUARD_FILESYSTEMS__PATHS='["/data"]' works in a container.
+    """
+    tree: dict[str, Any] = {}
+    for name, value in environ.items():
+        if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG or "__" not in name:
+            continue
+        parts = [p.lower() for p in name[len(ENV_PREFIX):].split("__") if p]
+        node = tree
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        stripped = value.strip()
+        if stripped[:1] in "[{":
+            try:
+                node[parts[-1]] = json.loads(stripped)
+                continue
+            except json.JSONDecodeError:
+                pass
+        node[parts[-1]] = value
+    return tree
+
+
+def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def parse(data: Mapping[str, Any], source: str) -> Config:
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(source, [_describe(e) for e in exc.errors()]) from None
+
+
+def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(str(path), ["file not found"]) from None
+    except PermissionError:
+        raise ConfigError(str(path), ["permission denied (cannot read the file)"]) from None
+    except IsADirectoryError:
+        raise ConfigError(str(path), ["is a directory, not a TOML file"]) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(str(path), [f"TOML syntax error: {exc}"]) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(path), [f"not UTF-8 text: {exc}"]) from None
+
+
+def load(path: str | None = None, environ: Mapping[str, str] | None = None) -> Loaded:
+    """Load the effective config.
+
+    path given (--config) or $TRAINGUARD_CONFIG: that file must exist.
+    Otherwise /etc/trainguard/config.toml if present, else the built-in defaults.
+    """
+    environ = os.environ if environ is None else environ
+    explicit = path or environ.get(ENV_CONFIG)
+    if explicit:
+        data, source = read_toml(explicit), str(explicit)
+    elif os.path.exists(DEFAULT_CONFIG_PATH):
+        data, source = read_toml(DEFAULT_CONFIG_PATH), DEFAULT_CONFIG_PATH
+    else:
+        data, source = {}, "built-in defaults"
+    overrides = env_overrides(environ)
+    if overrides:
+        data = _merge(data, overrides)
+    return Loaded(parse(data, source), source)
+
+
+def redact_url(url: str) -> str:
+    """dingtalk://secret@token/ -> dingtalk://***@***/ ; keeps the scheme and shape only."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return "***"
+    host_part, slash, _path = rest.partition("/")
+    if "@" in host_part:
+        return f"{scheme}://***@***{slash}"
+    return f"{scheme}://***{slash}"
+
+
+def dump(config: Config) -> dict[str, Any]:
+    """The effective config as plain data with human units and secrets redacted."""
+    data = config.model_dump(mode="json", by_alias=True)
+    return _redact(data)
+
+
+def _redact(node: Any, key: str = "") -> Any:
+    if isinstance(node, dict):
+        return {k: _redact(v, k) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_redact(v, key) for v in node]
+    if key.lower() in SECRET_KEYS and isinstance(node, str) and node:
+        return redact_url(node) if "://" in node else "***"
+    return node
+
+
+def state_dir_usable(path: str) -> bool:
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(path, os.W_OK | os.X_OK)
