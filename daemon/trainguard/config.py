@@ -13,7 +13,6 @@ import os
 import socket
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -309,11 +308,3 @@ def _redact(node: Any, key: str = "") -> Any:
     if key.lower() in SECRET_KEYS and isinstance(node, str) and node:
         return redact_url(node) if "://" in node else "***"
     return node
-
-
-def state_dir_usable(path: str) -> bool:
-    try:
-        Path(path).mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return False
-    return os.access(path, os.W_OK | os.X_OK)

@@ -1,0 +1,111 @@
+"""The `trainguard` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Callable, Sequence
+
+from trainguard import __version__, config as configmod
+
+EXIT_OK, EXIT_CRITICAL, EXIT_CONFIG = 0, 1, 2
+
+log = logging.getLogger("trainguard")
+
+
+def _common() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", "-c", metavar="PATH",
+                        help=f"config file (default: ${configmod.ENV_CONFIG}, else {configmod.DEFAULT_CONFIG_PATH} "
+                             "if it exists, else built-in defaults)")
+    common.add_argument("--state-dir", metavar="DIR", help="state database directory (default: general.state_dir)")
+    return common
+
+
+def _load(args: argparse.Namespace) -> configmod.Loaded | None:
+    try:
+        return configmod.load(getattr(args, "config", None))
+    except configmod.ConfigError as exc:
+        print(f"trainguard: invalid configuration:\n{exc}", file=sys.stderr)
+        return None
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from trainguard.service import Daemon, setup_logging
+
+    loaded = _load(args)
+    if loaded is None:
+        return EXIT_CONFIG
+    setup_logging(loaded.config.general.log_level)
+    daemon = Daemon(loaded, state_dir=args.state_dir)
+    if args.once:
+        result = daemon.cycle()
+        daemon.close()
+        for f in sorted(result.findings, key=lambda f: (-f.severity.rank, f.key)):
+            print(f"[{f.severity.value.upper()}] {f.summary} ({f.key})")
+        if not result.findings:
+            print(f"no findings on {len(result.snapshot.filesystems)} filesystems")
+        return EXIT_CRITICAL if any(f.severity.value == "critical" for f in result.findings) else EXIT_OK
+    daemon.install_signal_handlers()
+    log.info("trainguard %s started: config %s, state %s, interval %gs",
+             __version__, loaded.source, daemon.state_dir, loaded.config.general.interval)
+    daemon.run()
+    log.info("stopped")
+    return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from trainguard import status
+
+    loaded = _load(args)
+    if loaded is None:
+        return EXIT_CONFIG
+    logging.basicConfig(level=logging.WARNING, format="trainguard: %(message)s")
+    doc = status.build(loaded.config, state_dir=args.state_dir)
+    print(json.dumps(doc, indent=2) if args.json else status.render(doc))
+    return EXIT_OK
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    path = args.path or args.config
+    try:
+        loaded = configmod.load(path)
+    except configmod.ConfigError as exc:
+        print(f"invalid configuration:\n{exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(f"# valid: {loaded.source}")
+    print(json.dumps(configmod.dump(loaded.config), indent=2))
+    return EXIT_OK
+
+
+COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int]]] = {
+    "run": ("run the daemon (or one cycle with --once)", cmd_run),
+    "status": ("sample now and show mounts, trends and findings", cmd_status),
+    "check-config": ("validate a config file and print the effective config", cmd_check_config),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _common()
+    parser = argparse.ArgumentParser(prog="trainguard", parents=[common],
+                                     description="Keeps long GPU training runs alive.")
+    parser.add_argument("--version", action="version", version=f"trainguard {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parsers = {name: sub.add_parser(name, help=help_, parents=[common]) for name, (help_, _) in COMMANDS.items()}
+    parsers["run"].add_argument("--once", action="store_true",
+                                help="one full cycle, print the findings, exit 1 if any is critical")
+    parsers["status"].add_argument("--json", action="store_true", help="one JSON document (schema in README)")
+    parsers["check-config"].add_argument("path", nargs="?", help="config file to check")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    # A subcommand's default None must not hide a global option given before it.
+    for key in ("config", "state_dir"):
+        if getattr(args, key, None) is None:
+            setattr(args, key, getattr(parser.parse_known_args(argv)[0], key, None))
+    return COMMANDS[args.command][1](args)

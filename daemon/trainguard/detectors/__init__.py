@@ -1,0 +1,53 @@
+"""Detectors: pure functions from (config, history, snapshot, now) to findings.
+
+No I/O happens here. `active` maps the keys of alerts that are pending or firing
+to their severity, so a detector can apply hysteresis without holding state.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+from trainguard.config import Config
+from trainguard.history import History
+from trainguard.records import Finding, Severity, Snapshot
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class DetectorInput:
+    config: Config
+    history: History
+    snapshot: Snapshot
+    now: float
+    active: Mapping[str, Severity] = field(default_factory=dict)
+
+
+Detector = Callable[[DetectorInput], list[Finding]]
+
+
+def _registry() -> dict[str, Detector]:
+    from trainguard.detectors import filesystem, forecast, io
+
+    return {
+        "filesystem": filesystem.detect,
+        "forecast": forecast.detect,
+        "io": io.detect,
+    }
+
+
+DETECTORS: dict[str, Detector] = _registry()
+
+
+def evaluate(inp: DetectorInput, detectors: Mapping[str, Detector] | None = None) -> list[Finding]:
+    """Run every detector; one that raises is logged and skipped, the rest still run."""
+    findings: list[Finding] = []
+    for name, detector in (DETECTORS if detectors is None else detectors).items():
+        try:
+            findings.extend(detector(inp))
+        except Exception:  # a detector bug must not stop the others or the daemon
+            log.exception("detector %s failed", name)
+    return findings

@@ -1,0 +1,202 @@
+"""Recent samples, kept in memory for the detectors and in SQLite across restarts.
+
+Every cycle the daemon records a handful of named series ("fs.avail_bytes:/data",
+"disk.util:sda", "gpu.util:0"). Detectors read them back through points().
+
+Memory is bounded: full resolution for the last `fine_window` seconds, then one
+averaged point per `bucket` seconds up to `window`. The database is bounded too:
+raw rows for `raw_retention`, `rollup`-second averages up to `retention`, then
+pruned; compact() keeps its size flat over weeks.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from array import array
+from typing import Iterable, Mapping
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS series (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
+CREATE TABLE IF NOT EXISTS samples (
+    series_id INTEGER NOT NULL, ts REAL NOT NULL, value REAL NOT NULL,
+    PRIMARY KEY (series_id, ts)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS rollups (
+    series_id INTEGER NOT NULL, ts REAL NOT NULL, value REAL NOT NULL,
+    PRIMARY KEY (series_id, ts)) WITHOUT ROWID;
+"""
+
+
+class _Series:
+    """Points of one series: fine (raw) tail, coarse (bucket means) before it."""
+
+    __slots__ = ("fine_ts", "fine_v", "coarse_ts", "coarse_v", "coarse_n")
+
+    def __init__(self) -> None:
+        self.fine_ts, self.fine_v = array("d"), array("d")
+        self.coarse_ts, self.coarse_v, self.coarse_n = array("d"), array("d"), array("l")
+
+    def add(self, ts: float, value: float, fine_window: float, bucket: float, window: float) -> None:
+        if self.fine_ts and ts <= self.fine_ts[-1]:
+            return  # the wall clock went back: keep the series ordered, drop the point
+        self.fine_ts.append(ts)
+        self.fine_v.append(value)
+        cut = 0
+        while cut < len(self.fine_ts) and self.fine_ts[cut] < ts - fine_window:
+            self._to_coarse(self.fine_ts[cut], self.fine_v[cut], bucket)
+            cut += 1
+        if cut:
+            del self.fine_ts[:cut], self.fine_v[:cut]
+        drop = 0
+        while drop < len(self.coarse_ts) and self.coarse_ts[drop] < ts - window:
+            drop += 1
+        if drop:
+            del self.coarse_ts[:drop], self.coarse_v[:drop], self.coarse_n[:drop]
+
+    def _to_coarse(self, ts: float, value: float, bucket: float) -> None:
+        start = math.floor(ts / bucket) * bucket
+        if self.coarse_ts and self.coarse_ts[-1] == start:
+            n = self.coarse_n[-1]
+            self.coarse_v[-1] += (value - self.coarse_v[-1]) / (n + 1)
+            self.coarse_n[-1] = n + 1
+        else:
+            self.coarse_ts.append(start)
+            self.coarse_v.append(value)
+            self.coarse_n.append(1)
+
+    def points(self, since: float) -> list[tuple[float, float]]:
+        out = [(t, v) for t, v in zip(self.coarse_ts, self.coarse_v) if t >= since]
+        out.extend((t, v) for t, v in zip(self.fine_ts, self.fine_v) if t >= since)
+        return out
+
+    def last(self) -> tuple[float, float] | None:
+        if self.fine_ts:
+            return self.fine_ts[-1], self.fine_v[-1]
+        if self.coarse_ts:
+            return self.coarse_ts[-1], self.coarse_v[-1]
+        return None
+
+
+class History:
+    """conn=None keeps everything in memory only (used by `trainguard status`)."""
+
+    def __init__(
+        self,
+        conn: sqlite3.Connection | None,
+        *,
+        window: float = 6 * 3600.0,
+        fine_window: float = 900.0,
+        bucket: float = 60.0,
+        raw_retention: float = 24 * 3600.0,
+        retention: float = 14 * 86400.0,
+        rollup: float = 300.0,
+        now: float | None = None,
+    ):
+        self.conn = conn
+        self.window = max(window, fine_window)
+        self.fine_window = fine_window
+        self.bucket = bucket
+        self.raw_retention = raw_retention
+        self.retention = retention
+        self.rollup = rollup
+        self._series: dict[str, _Series] = {}
+        self._ids: dict[str, int] = {}
+        if conn is not None:
+            conn.executescript(SCHEMA)
+            if now is not None:
+                self.load(conn, now)
+
+    @classmethod
+    def from_config(cls, conn: sqlite3.Connection | None, config, now: float) -> "History":
+        """Memory window sized for the longest detector window in the config."""
+        return cls(
+            conn,
+            window=config.forecast.window,
+            raw_retention=max(config.history.raw_retention, config.forecast.window),
+            retention=config.history.retention,
+            rollup=config.history.rollup,
+            now=now,
+        )
+
+    def load(self, conn: sqlite3.Connection, now: float) -> None:
+        """Warm the in-memory series from a database, so a restart keeps the trend."""
+        since = now - self.window
+        try:
+            names = {i: n for i, n in conn.execute("SELECT id, name FROM series")}
+        except sqlite3.OperationalError:  # a database without history tables
+            return
+        if conn is self.conn:
+            self._ids = {n: i for i, n in names.items()}
+        rows = conn.execute(
+            "SELECT series_id, ts, value FROM rollups WHERE ts >= ? "
+            "UNION ALL SELECT series_id, ts, value FROM samples WHERE ts >= ? ORDER BY 2",
+            (since, since),
+        )
+        for series_id, ts, value in rows:
+            name = names.get(series_id)
+            if name is not None:
+                self._add(name, ts, value)
+
+    def _add(self, name: str, ts: float, value: float) -> None:
+        series = self._series.get(name)
+        if series is None:
+            series = self._series[name] = _Series()
+        series.add(ts, value, self.fine_window, self.bucket, self.window)
+
+    def _id(self, name: str) -> int:
+        series_id = self._ids.get(name)
+        if series_id is None:
+            self.conn.execute("INSERT OR IGNORE INTO series(name) VALUES (?)", (name,))
+            series_id = self.conn.execute("SELECT id FROM series WHERE name = ?", (name,)).fetchone()[0]
+            self._ids[name] = series_id
+        return series_id
+
+    def record(self, ts: float, values: Mapping[str, float | None]) -> None:
+        """Add one point per series; None values (not measured) are skipped."""
+        present = [(n, float(v)) for n, v in values.items() if v is not None and not math.isnan(v)]
+        for name, value in present:
+            self._add(name, ts, value)
+        if self.conn is None or not present:
+            return
+        with self.conn:
+            self.conn.execute("BEGIN")
+            self.conn.executemany(
+                "INSERT OR REPLACE INTO samples(series_id, ts, value) VALUES (?, ?, ?)",
+                [(self._id(n), ts, v) for n, v in present],
+            )
+
+    def points(self, name: str, since: float) -> list[tuple[float, float]]:
+        series = self._series.get(name)
+        return series.points(since) if series else []
+
+    def latest(self, name: str) -> tuple[float, float] | None:
+        series = self._series.get(name)
+        return series.last() if series else None
+
+    def names(self, prefix: str = "") -> Iterable[str]:
+        return [n for n in self._series if n.startswith(prefix)]
+
+    def compact(self, now: float) -> None:
+        """Roll raw rows older than raw_retention into averages; prune beyond retention."""
+        if self.conn is None:
+            return
+        # Cut on a rollup boundary so each rollup bucket is averaged once, from all its rows.
+        raw_cut = math.floor((now - self.raw_retention) / self.rollup) * self.rollup
+        with self.conn:
+            self.conn.execute("BEGIN")
+            self.conn.execute(
+                "INSERT OR REPLACE INTO rollups(series_id, ts, value) "
+                "SELECT series_id, CAST(ts / ?1 AS INTEGER) * ?1, AVG(value) FROM samples "
+                "WHERE ts < ?2 GROUP BY series_id, CAST(ts / ?1 AS INTEGER)",
+                (self.rollup, raw_cut),
+            )
+            self.conn.execute("DELETE FROM samples WHERE ts < ?", (raw_cut,))
+            self.conn.execute("DELETE FROM rollups WHERE ts < ?", (now - self.retention,))
+            # Series of mounts that went away long ago.
+            self.conn.execute(
+                "DELETE FROM series WHERE id NOT IN (SELECT series_id FROM samples) "
+                "AND id NOT IN (SELECT series_id FROM rollups)"
+            )
+        self._ids = dict(self.conn.execute("SELECT name, id FROM series"))
+        for name in [n for n in self._series if n not in self._ids and self._series[n].last()[0] < now - self.window]:
+            del self._series[name]

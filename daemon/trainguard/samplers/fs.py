@@ -1,0 +1,151 @@
+"""Filesystem usage via statvfs, probed so that a hung mount never hangs the daemon.
+
+statvfs on a dead NFS or FUSE mount blocks in the kernel, possibly forever. Each
+mount gets its own probe thread per cycle; the cycle waits a short, bounded time
+for the answers. A probe that has not returned is never started again (no thread
+pile-up): the mount keeps its last usage, and once the probe is older than
+`timeout` the mount is reported unresponsive with how long. It recovers when the
+probe finally returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from trainguard.clock import Clock
+from trainguard.records import FsSample, FsUsage, Mount
+from trainguard.samplers import mounts as mountinfo
+
+log = logging.getLogger(__name__)
+
+
+def usage_from_statvfs(st: os.statvfs_result) -> FsUsage:
+    """Bytes and inodes the way df computes them (used = total - free; avail is the non-root view)."""
+    frsize = st.f_frsize or st.f_bsize
+    size = st.f_blocks * frsize
+    used = (st.f_blocks - st.f_bfree) * frsize
+    avail = st.f_bavail * frsize
+    return FsUsage(
+        size_bytes=size, used_bytes=used, avail_bytes=avail,
+        inodes_total=st.f_files, inodes_used=st.f_files - st.f_ffree, inodes_free=st.f_favail,
+    )
+
+
+@dataclass
+class _ProbeResult:
+    usage: FsUsage | None
+    error: str | None
+    missing: tuple[str, ...]
+
+
+class _Probe:
+    """One mount's prober: at most one probe thread alive at any time."""
+
+    def __init__(self, mount: Mount, statvfs: Callable[[str], os.statvfs_result]):
+        self.mount = mount
+        self.statvfs = statvfs
+        self.thread: threading.Thread | None = None
+        self.started_mono = 0.0
+        self.started_wall = 0.0
+        self.last: _ProbeResult | None = None
+        self.done = threading.Event()
+
+    @property
+    def busy(self) -> bool:
+        return self.thread is not None and not self.done.is_set()
+
+    def kick(self, mono: float, wall: float, paths: Sequence[str], finished: threading.Condition) -> None:
+        if self.busy:
+            return  # still stuck in the kernel: never stack a second thread on it
+        self.done = done = threading.Event()
+        self.started_mono, self.started_wall = mono, wall
+
+        def run() -> None:
+            try:
+                result = _ProbeResult(usage_from_statvfs(self.statvfs(self.mount.mount_point)), None,
+                                      tuple(p for p in paths if not os.path.lexists(p)))
+            except OSError as exc:
+                result = _ProbeResult(None, f"{exc.strerror or exc} (errno {exc.errno})", ())
+            self.last = result
+            with finished:
+                done.set()
+                finished.notify_all()
+
+        self.thread = threading.Thread(target=run, name=f"probe:{self.mount.mount_point}", daemon=True)
+        self.thread.start()
+
+
+class FsSampler:
+    """Samples every watched mount; mounts are re-discovered each cycle (they come and go)."""
+
+    def __init__(self, *, clock: Clock, proc_root: str = "/proc", paths: Sequence[str] = (),
+                 exclude: Sequence[str] = (), include_fstypes: Sequence[str] = (), timeout: float = 5.0,
+                 wait: float = 1.0, statvfs: Callable[[str], os.statvfs_result] = os.statvfs,
+                 read_mounts: Callable[[str], list[Mount]] = mountinfo.read_mounts):
+        self.clock = clock
+        self.proc_root = proc_root
+        self.paths = tuple(os.path.normpath(os.path.abspath(p)) for p in paths)
+        self.exclude = tuple(exclude)
+        self.include_fstypes = tuple(include_fstypes)
+        self.timeout = timeout
+        self.wait = min(wait, timeout)  # the most one cycle waits for slow probes
+        self.statvfs = statvfs
+        self.read_mounts = read_mounts
+        self._probes: dict[str, _Probe] = {}
+        self._finished = threading.Condition()
+
+    def discover(self) -> list[Mount]:
+        all_mounts = self.read_mounts(self.proc_root)
+        return mountinfo.select(all_mounts, exclude=self.exclude, include_fstypes=self.include_fstypes,
+                                paths=self.paths)
+
+    def sample(self) -> tuple[list[FsSample], list[str]]:
+        """(one FsSample per watched mount, configured paths that do not exist)."""
+        watched = self.discover()
+        mono, wall = self.clock.monotonic(), self.clock.time()
+        current: dict[str, _Probe] = {}
+        for mount in watched:
+            probe = self._probes.get(mount.mount_point)
+            if probe is None or probe.mount != mount:
+                if probe is not None and probe.busy:
+                    probe.mount = mount  # remounted while stuck: keep the stuck thread, take the new identity
+                else:
+                    probe = _Probe(mount, self.statvfs)
+            current[mount.mount_point] = probe
+        # Vanished mounts are forgotten; a stuck thread of theirs ends whenever the kernel lets it.
+        self._probes = current
+        paths_of = {mp: [p for p in self.paths if mountinfo.containing_mount(p, watched) == probe.mount]
+                    for mp, probe in current.items()}
+        for mp, probe in current.items():
+            probe.kick(mono, wall, paths_of[mp], self._finished)
+        deadline = mono + self.wait
+        with self._finished:
+            while any(p.busy for p in current.values()):
+                left = deadline - self.clock.monotonic()
+                if left <= 0:
+                    break
+                self._finished.wait(left)
+        now_mono = self.clock.monotonic()
+        samples: list[FsSample] = []
+        missing: list[str] = []
+        for probe in current.values():
+            samples.append(self._sample_of(probe, now_mono, wall))
+            if probe.last is not None and not probe.busy:
+                missing.extend(probe.last.missing)
+        # Paths whose mount is unknown (the path's parent mount is excluded): report as missing only if absent.
+        return samples, missing
+
+    def _sample_of(self, probe: _Probe, now_mono: float, wall: float) -> FsSample:
+        stuck_for = now_mono - probe.started_mono if probe.busy else 0.0
+        last = probe.last
+        if probe.busy and stuck_for >= self.timeout:
+            return FsSample(probe.mount, wall, last.usage if last else None, responsive=False,
+                            unresponsive_since=probe.started_wall)
+        if last is None:
+            # First probe still running but not yet past the timeout: nothing known yet.
+            return FsSample(probe.mount, wall, None)
+        return FsSample(probe.mount, wall, last.usage, error=last.error)

@@ -1,0 +1,132 @@
+"""Mount discovery from /proc/<pid>/mountinfo: which filesystems are worth watching.
+
+Pure parsing plus classification; no statvfs here (that can hang, see fs.py).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+from typing import Iterable, Sequence
+
+from trainguard.records import Mount, MountKind
+
+# Kernel and virtual filesystems: never hold user data.
+PSEUDO = frozenset({
+    "proc", "sysfs", "cgroup", "cgroup2", "devpts", "devtmpfs", "mqueue", "debugfs", "tracefs", "securityfs",
+    "pstore", "bpf", "configfs", "fusectl", "hugetlbfs", "autofs", "binfmt_misc", "rpc_pipefs", "nsfs",
+    "efivarfs", "selinuxfs", "nfsd", "ramfs", "squashfs", "iso9660", "udf", "cramfs", "erofs",
+    "fuse.lxcfs", "fuse.gvfsd-fuse", "fuse.portal", "fuse.snapfuse", "fuse.xdg-document-portal",
+})
+NETWORK = frozenset({
+    "nfs", "nfs4", "cifs", "smb3", "smbfs", "ceph", "glusterfs", "lustre", "gpfs", "beegfs", "afs", "9p",
+    "ocfs2", "gfs2", "orangefs", "pvfs2", "davfs", "virtiofs",
+})
+LOCAL = frozenset({
+    "ext2", "ext3", "ext4", "xfs", "btrfs", "zfs", "tmpfs", "overlay", "f2fs", "vfat", "exfat", "ntfs", "ntfs3",
+    "jfs", "reiserfs", "bcachefs", "nilfs2", "hfsplus", "fuseblk",
+})
+# Mount points that belong to container runtimes or the kernel, like node_exporter's default exclusion.
+EXCLUDED_MOUNT_POINTS = (
+    "/proc", "/proc/*", "/sys", "/sys/*", "/dev", "/dev/pts", "/dev/mqueue", "/dev/hugepages",
+    "/run/credentials/*", "/var/lib/docker/*", "/var/lib/containers/storage/*", "/run/containerd/*",
+    "/var/lib/containerd/*", "/var/lib/kubelet/pods/*", "/run/k3s/*", "/snap/*", "/var/snap/*",
+)
+
+_OCTAL = re.compile(r"\\([0-7]{3})")
+
+
+def unescape(field: str) -> str:
+    """mountinfo escapes space, tab, newline and backslash as \\040 \\011 \\012 \\134."""
+    return _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), field)
+
+
+def classify(fstype: str) -> MountKind | None:
+    """local / network / fuse, or None for pseudo and unknown filesystems."""
+    if fstype in PSEUDO:
+        return None
+    if fstype.startswith("fuse.") or fstype == "fuse":
+        return MountKind.FUSE
+    if fstype in NETWORK or fstype.startswith("nfs"):
+        return MountKind.NETWORK
+    if fstype in LOCAL:
+        return MountKind.LOCAL
+    return None
+
+
+def parse_mountinfo(text: str) -> list[Mount]:
+    """Every line of mountinfo as a Mount; kind is classify(fstype) or LOCAL for unknown (filtered later)."""
+    mounts: list[Mount] = []
+    for line in text.splitlines():
+        left, sep, right = line.partition(" - ")
+        if not sep:
+            continue
+        fields = left.split()
+        tail = right.split()
+        if len(fields) < 6 or len(tail) < 2:
+            continue
+        try:
+            major, minor = (int(x) for x in fields[2].split(":"))
+        except ValueError:
+            continue
+        fstype = tail[0]
+        mounts.append(Mount(
+            mount_point=unescape(fields[4]), fstype=fstype, source=unescape(tail[1]), major=major, minor=minor,
+            kind=classify(fstype) or MountKind.LOCAL, root=unescape(fields[3]), options=fields[5],
+        ))
+    return mounts
+
+
+def _excluded(mount_point: str, patterns: Iterable[str]) -> bool:
+    return any(fnmatch.fnmatchcase(mount_point, p) for p in patterns)
+
+
+def containing_mount(path: str, mounts: Sequence[Mount]) -> Mount | None:
+    """The mount a path lives on: the longest mount point prefix (later mounts shadow earlier ones)."""
+    path = os.path.normpath(os.path.abspath(path))
+    best: Mount | None = None
+    for m in mounts:
+        mp = m.mount_point
+        if path == mp or path.startswith(mp.rstrip("/") + "/"):
+            if best is None or len(mp) >= len(best.mount_point):
+                best = m
+    return best
+
+
+def select(mounts: Sequence[Mount], *, exclude: Sequence[str] = (), include_fstypes: Sequence[str] = (),
+           paths: Sequence[str] = ()) -> list[Mount]:
+    """The mounts to watch: real filesystems, one entry per device (bind mounts deduped), plus the
+    mounts holding each configured path, whatever their type."""
+    forced = {m.mount_point for p in paths if (m := containing_mount(p, mounts))}
+
+    def wanted(m: Mount) -> bool:
+        if m.mount_point in forced:
+            return True
+        if classify(m.fstype) is None and m.fstype not in include_fstypes:
+            return False
+        if _excluded(m.mount_point, EXCLUDED_MOUNT_POINTS) and m.mount_point != "/dev/shm":
+            return False
+        if "ro" in m.options.split(","):
+            return False  # nothing on this host can fill a read-only mount
+        return not _excluded(m.mount_point, exclude)
+
+    def rank(m: Mount) -> tuple[bool, bool, int]:
+        # A bind mount shows the same device again: prefer the path the user named, then the
+        # mount of the filesystem's root, then the shortest mount point.
+        return (m.mount_point in forced, m.root == "/", -len(m.mount_point))
+
+    # A mount point mounted over again: only the last (visible) mount counts.
+    visible = {m.mount_point: m for m in mounts}
+    chosen: dict[tuple[int, int], Mount] = {}
+    for m in visible.values():
+        if wanted(m):
+            current = chosen.get((m.major, m.minor))
+            if current is None or rank(m) > rank(current):
+                chosen[(m.major, m.minor)] = m
+    return sorted(chosen.values(), key=lambda m: m.mount_point)
+
+
+def read_mounts(proc_root: str = "/proc") -> list[Mount]:
+    with open(os.path.join(proc_root, "self", "mountinfo"), encoding="utf-8", errors="surrogateescape") as fh:
+        return parse_mountinfo(fh.read())

@@ -1,0 +1,95 @@
+"""The state database: one SQLite file (WAL) under the state directory.
+
+History, alert states, the cleanup audit log and the notification outbox all live
+here, so a restart loses none of them. Each component opens its own connection
+(one per thread) and creates its own tables. A database that cannot be opened or
+fails its integrity check is moved aside and a fresh one started: a corrupt file
+must never turn the daemon into a crash loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import tempfile
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+DB_NAME = "state.db"
+
+
+def fallback_state_dir() -> str:
+    """Where an unprivileged user keeps state when the configured dir is not writable."""
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "trainguard")
+
+
+def usable_dir(path: str) -> bool:
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(path, os.W_OK | os.X_OK)
+
+
+def choose_state_dir(configured: str) -> str:
+    if usable_dir(configured):
+        return configured
+    fallback = fallback_state_dir()
+    if not usable_dir(fallback):
+        fallback = os.path.join(tempfile.gettempdir(), f"trainguard-{os.getuid()}")
+        Path(fallback).mkdir(parents=True, exist_ok=True)
+    log.warning("state dir %s is not writable; using %s instead", configured, fallback)
+    return fallback
+
+
+class StateDb:
+    def __init__(self, state_dir: str, *, check: bool = True):
+        self.state_dir = state_dir
+        self.path = os.path.join(state_dir, DB_NAME)
+        if check:
+            self._check_or_move_aside()
+
+    def connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, timeout=10.0, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across a process kill
+        conn.execute("PRAGMA busy_timeout=10000")
+        return conn
+
+    def _check_or_move_aside(self) -> None:
+        if not os.path.exists(self.path):
+            return
+        try:
+            conn = sqlite3.connect(self.path, timeout=10.0)
+            try:
+                row = conn.execute("PRAGMA quick_check").fetchone()
+            finally:
+                conn.close()
+            if row and row[0] == "ok":
+                return
+            reason = f"integrity check failed: {row[0] if row else 'no answer'}"
+        except sqlite3.DatabaseError as exc:
+            reason = str(exc)
+        aside = f"{self.path}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}"
+        for suffix in ("", "-wal", "-shm"):
+            if os.path.exists(self.path + suffix):
+                os.replace(self.path + suffix, aside + suffix)
+        log.warning("state database %s is unusable (%s); moved it to %s and started a fresh one",
+                    self.path, reason, aside)
+
+
+def read_only(state_dir: str) -> sqlite3.Connection | None:
+    """A read-only connection for `trainguard status`, or None when there is no database."""
+    path = os.path.join(state_dir, DB_NAME)
+    if not os.path.exists(path):
+        return None
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
+        conn.execute("SELECT 1 FROM sqlite_master LIMIT 1")
+        return conn
+    except sqlite3.DatabaseError:
+        return None
