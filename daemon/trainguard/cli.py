@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from typing import Callable, Sequence
 
@@ -108,4 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for key in ("config", "state_dir"):
         if getattr(args, key, None) is None:
             setattr(args, key, getattr(parser.parse_known_args(argv)[0], key, None))
-    return COMMANDS[args.command][1](args)
+    try:
+        return COMMANDS[args.command][1](args)
+    except BrokenPipeError:  # `trainguard status | head`: the reader left, nothing is wrong
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
