@@ -88,6 +88,9 @@ class Snapshot:
     filesystems: tuple[FsSample, ...] = ()
     disks: tuple[DiskIo, ...] = ()
     missing_paths: tuple[str, ...] = ()  # configured paths that do not exist
+    gpus: tuple["GpuSample", ...] = ()
+    gpu_status: "NvmlStatus | None" = None  # None: GPU sampling not configured in this cycle
+    log_matches: tuple["LogMatch", ...] = ()  # recent matches in watched training logs
 
     def disk_for(self, mount: Mount) -> DiskIo | None:
         for disk in self.disks:
@@ -152,3 +155,93 @@ class AlertEvent:
     @property
     def duration_s(self) -> float:
         return self.ts - self.started_at
+
+
+# --- GPU and training-log records -------------------------------------------------
+
+
+class NvmlState(str, Enum):
+    """Why GPU data is (not) there. Only OK means samples are complete; the rest are states, not crashes."""
+
+    OK = "ok"
+    OFF = "off"  # disabled in the config
+    NO_LIBRARY = "no_library"  # pynvml or libnvidia-ml.so.1 missing: a host without NVIDIA GPU
+    NO_DRIVER = "no_driver"  # library present, kernel driver not loaded
+    MISMATCH = "mismatch"  # NVML library and kernel driver versions differ (driver upgraded, no reboot)
+    NO_PERMISSION = "no_permission"
+    LOST = "lost"  # at least one GPU fell off the bus / is lost; the others are still sampled
+    ERROR = "error"  # any other NVML failure
+
+
+@dataclass(frozen=True, slots=True)
+class NvmlStatus:
+    state: NvmlState
+    message: str = ""  # one line a person can act on
+    since: float | None = None  # wall time this state started
+    next_retry: float | None = None  # wall time of the next attempt while not OK
+    driver_version: str = ""
+    device_count: int = 0
+    lost: tuple[int, ...] = ()  # indices of lost GPUs
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """A compute process on a GPU. NVML reports host PIDs; pid is the one valid in our /proc, if any."""
+
+    host_pid: int
+    pid: int | None  # None: not resolvable here (other PID namespace) -> never act on it
+    used_memory_bytes: int | None  # None where the driver does not tell (e.g. some vGPU / MIG setups)
+    state: str | None = None  # /proc state letter of pid ("R", "S", "D", "Z"); None when gone or unresolved
+    exists: bool | None = None  # False: host PID namespace visible and the process is gone; None: unknown
+    ns_pid: int | None = None  # the PID inside the process's own (container) namespace, from NSpid
+    name: str = ""
+    note: str = ""  # why a PID could not be resolved
+
+
+@dataclass(frozen=True, slots=True)
+class XidEvent:
+    gpu_index: int
+    xid: int
+    ts: float
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """One GPU in one cycle. None fields were not supported by this GPU/driver or failed (see errors)."""
+
+    index: int
+    uuid: str
+    name: str
+    ts: float
+    util_ratio: float | None = None  # mean GPU busy ratio since the previous sample (0..1)
+    util_max_ratio: float | None = None  # highest driver sample in that window
+    mem_util_ratio: float | None = None
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    temperature_c: float | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    throttle_reasons: int | None = None  # NVML clocks-event bitmask
+    processes: tuple[GpuProcess, ...] = ()
+    xid_events: tuple[XidEvent, ...] = ()  # received since the previous sample
+    ecc_uncorrected: int | None = None  # volatile uncorrected ECC count
+    retired_pages: int | None = None
+    retired_pages_pending: bool | None = None
+    lost: bool = False
+    errors: Mapping[str, str] = field(default_factory=dict, compare=False)  # field -> NVML error text
+
+    @property
+    def memory_used_ratio(self) -> float | None:
+        if self.memory_used_bytes is None or not self.memory_total_bytes:
+            return None
+        return self.memory_used_bytes / self.memory_total_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class LogMatch:
+    """A line in a watched training log that matched one of its patterns."""
+
+    path: str
+    line: str
+    pattern: str
+    ts: float  # wall time the line was read
