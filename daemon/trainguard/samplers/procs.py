@@ -43,6 +43,10 @@ _PATH_SYSCALLS = {
 _CONTAINER_ID = re.compile(
     r"(?:docker[-/]|cri-containerd[-:]|crio[-:]|libpod[-:]|containerd[-:]|/)([0-9a-f]{64})(?:\.scope)?(?:/|$)"
 )
+NETWORK_FSTYPES = frozenset({
+    "nfs", "nfs4", "cifs", "smb3", "smbfs", "ceph", "glusterfs", "lustre", "9p", "gpfs", "beegfs",
+    "afs", "ocfs2", "gfs2", "virtiofs",
+})
 PROC_PID_INIT_INO = 0xEFFFFFFC  # inode of the initial PID namespace, fixed in the kernel
 
 
@@ -158,6 +162,15 @@ def parse_mountinfo(text: str) -> tuple[MountEntry, ...]:
             continue
         entries.append(MountEntry(_unescape(parts[4]), rparts[0], _unescape(rparts[1])))
     return tuple(entries)
+
+
+def fs_kind(fstype: str) -> str:
+    """fuse / network / local, from an fstype like "fuse.juicefs" or "nfs4"."""
+    if fstype.startswith("fuse"):
+        return "fuse"
+    if fstype.split(".")[0] in NETWORK_FSTYPES:
+        return "network"
+    return "local"
 
 
 def _unescape(field: str) -> str:
