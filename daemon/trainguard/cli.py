@@ -69,6 +69,51 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    """What are the processes on a GPU doing? Runs the stall diagnosis now, stalled or not."""
+    import time
+
+    from trainguard import diagnosis
+    from trainguard.clock import SystemClock
+    from trainguard.records import Snapshot
+    from trainguard.service import Samplers
+
+    loaded = _load(args)
+    if loaded is None:
+        return EXIT_CONFIG
+    logging.basicConfig(level=logging.WARNING, format="trainguard: %(message)s")
+    cfg = loaded.config
+    samplers = Samplers.from_config(cfg, SystemClock(), nvml=getattr(args, "nvml", None))
+    if samplers.gpu is None:
+        print("GPU monitoring is disabled ([gpu] enabled = false)", file=sys.stderr)
+        return EXIT_CONFIG
+    diagnoser = diagnosis.StallDiagnoser(cfg.general.proc_root, py_spy=cfg.gpu.py_spy)
+    try:
+        first = samplers.sample(time.time())
+        diagnoser.observe(first)  # I/O counters now and after the wait show whether they move
+        time.sleep(args.wait)
+        snapshot = samplers.sample(time.time())
+    finally:
+        samplers.close()
+    if not snapshot.gpus:
+        status = snapshot.gpu_status
+        print(f"no GPU data: {status.message if status else 'GPU sampler off'}", file=sys.stderr)
+        return EXIT_CRITICAL
+    gpus = [g for g in snapshot.gpus if args.gpu is None or str(g.index) == args.gpu or g.uuid == args.gpu]
+    if not gpus:
+        print(f"no GPU {args.gpu!r}; present: {', '.join(str(g.index) for g in snapshot.gpus)}", file=sys.stderr)
+        return EXIT_CONFIG
+    snapshot = Snapshot(ts=snapshot.ts, filesystems=first.filesystems, gpus=snapshot.gpus,
+                        gpu_status=snapshot.gpu_status, log_matches=snapshot.log_matches)
+    results = [diagnoser.diagnose(g, snapshot, util_recent=[u for u in (g.util_ratio,) if u is not None])
+               for g in gpus]
+    if args.json:
+        print(json.dumps([d.to_dict() for d in results], indent=2))
+    else:
+        print("\n\n".join(diagnosis.render(d) for d in results))
+    return EXIT_OK
+
+
 def cmd_check_config(args: argparse.Namespace) -> int:
     path = args.path or args.config
     try:
@@ -85,6 +130,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int]]] = {
     "run": ("run the daemon (or one cycle with --once)", cmd_run),
     "status": ("sample now and show mounts, trends and findings", cmd_status),
     "check-config": ("validate a config file and print the effective config", cmd_check_config),
+    "diagnose": ("show what the processes on a GPU are doing or blocked on", cmd_diagnose),
 }
 
 
@@ -99,6 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
                                 help="one full cycle, print the findings, exit 1 if any is critical")
     parsers["status"].add_argument("--json", action="store_true", help="one JSON document (schema in README)")
     parsers["check-config"].add_argument("path", nargs="?", help="config file to check")
+    parsers["diagnose"].add_argument("gpu", nargs="?", help="GPU index or UUID (default: every GPU)")
+    parsers["diagnose"].add_argument("--json", action="store_true", help="the diagnosis as JSON")
+    parsers["diagnose"].add_argument("--wait", type=float, default=2.0, metavar="SECONDS",
+                                     help="time between the two readings that show whether I/O moves (default 2)")
     return parser
 
 

@@ -18,11 +18,15 @@ from trainguard import config as configmod
 from trainguard.alerts import Lifecycle
 from trainguard.clock import Clock, SystemClock
 from trainguard.detectors import DetectorInput, evaluate
+from trainguard.detectors.gpu import gpu_series
+from trainguard.diagnosis import StallDiagnoser
 from trainguard.history import History
 from trainguard.notify import LogNotifier, Notifier
-from trainguard.records import AlertEvent, Finding, Snapshot
+from trainguard.logwatch import LogWatcher
+from trainguard.records import AlertEvent, Finding, NvmlState, NvmlStatus, Snapshot
 from trainguard.samplers.diskstats import DiskstatsSampler
 from trainguard.samplers.fs import FsSampler
+from trainguard.samplers.gpu import GpuSampler, load_nvml
 from trainguard.state import StateDb, choose_state_dir
 
 log = logging.getLogger(__name__)
@@ -44,6 +48,7 @@ def series_of(snapshot: Snapshot) -> dict[str, float | None]:
         values[f"disk.util:{d.name}"] = d.util_ratio
         values[f"disk.write_bps:{d.name}"] = d.write_bytes_per_s
         values[f"disk.read_bps:{d.name}"] = d.read_bytes_per_s
+    values.update(gpu_series(snapshot))
     return values
 
 
@@ -55,25 +60,53 @@ class CycleResult:
     duration_s: float
 
 
+def gpu_sampler(cfg: configmod.Config, clock: Clock, nvml=None) -> GpuSampler | None:
+    """None when [gpu] is disabled. nvml: the pynvml module (default: the installed one)."""
+    if not cfg.gpu.enabled:
+        return None
+    host_view = {"auto": None, "yes": True, "no": False}[cfg.gpu.host_pid_namespace]
+    return GpuSampler(nvml if nvml is not None else load_nvml(), clock=clock.time,
+                      proc_root=cfg.general.proc_root, host_pid_view=host_view)
+
+
 @dataclass
 class Samplers:
     fs: FsSampler
     disks: DiskstatsSampler
+    gpu: GpuSampler | None = None
+    logs: LogWatcher | None = None
 
     @classmethod
-    def from_config(cls, cfg: configmod.Config, clock: Clock) -> "Samplers":
+    def from_config(cls, cfg: configmod.Config, clock: Clock, *, nvml=None, follow_logs: bool = False) -> "Samplers":
         fs = cfg.filesystems
+        logs = None
+        if follow_logs and cfg.logs:
+            logs = LogWatcher(cfg.logs, clock=clock.time, proc_root=cfg.general.proc_root).start()
         return cls(
             fs=FsSampler(clock=clock, proc_root=cfg.general.proc_root, paths=fs.paths, exclude=fs.exclude,
                          include_fstypes=fs.include_fstypes, timeout=fs.probe_timeout,
                          wait=min(1.0, cfg.general.interval / 2)),
             disks=DiskstatsSampler(clock=clock, proc_root=cfg.general.proc_root),
+            gpu=gpu_sampler(cfg, clock, nvml),
+            logs=logs,
         )
 
     def sample(self, now: float) -> Snapshot:
         filesystems, missing = self.fs.sample()
+        if self.gpu is not None:
+            reading = self.gpu.sample()
+            gpus, gpu_status = reading.gpus, reading.status
+        else:
+            gpus, gpu_status = (), NvmlStatus(NvmlState.OFF, "GPU monitoring is disabled ([gpu] enabled = false)")
         return Snapshot(ts=now, filesystems=tuple(filesystems), disks=tuple(self.disks.sample()),
-                        missing_paths=tuple(missing))
+                        missing_paths=tuple(missing), gpus=gpus, gpu_status=gpu_status,
+                        log_matches=self.logs.recent(now) if self.logs is not None else ())
+
+    def close(self) -> None:
+        if self.gpu is not None:
+            self.gpu.close()
+        if self.logs is not None:
+            self.logs.stop()
 
 
 @dataclass
@@ -82,6 +115,7 @@ class Daemon:
     clock: Clock = field(default_factory=SystemClock)
     state_dir: str | None = None  # --state-dir; else the config's, with a fallback
     notifiers: Sequence[Notifier] | None = None
+    nvml: object = None  # the pynvml module; None: the installed one
 
     def __post_init__(self) -> None:
         cfg = self.config
@@ -91,7 +125,9 @@ class Daemon:
         self.history = History.from_config(self.db.connect(), cfg, now)
         self.lifecycle = Lifecycle(self.db.connect(), repeat_interval=cfg.alerts.repeat_interval,
                                    keep_firing_for=cfg.alerts.keep_firing_for)
-        self.samplers = Samplers.from_config(cfg, self.clock)
+        self.samplers = Samplers.from_config(cfg, self.clock, nvml=self.nvml, follow_logs=True)
+        self.diagnoser = StallDiagnoser(cfg.general.proc_root, window=cfg.gpu.for_, py_spy=cfg.gpu.py_spy,
+                                        clock=self.clock.time)
         self.notifiers = list(self.notifiers) if self.notifiers is not None else [LogNotifier()]
         self.latest: CycleResult | None = None
         self.stop_event = threading.Event()
@@ -108,6 +144,8 @@ class Daemon:
         snapshot = self.samplers.sample(now)
         self.history.record(now, series_of(snapshot))
         findings = evaluate(DetectorInput(self.config, self.history, snapshot, now, self.lifecycle.active))
+        self.diagnoser.observe(snapshot)
+        findings = self.diagnoser.enrich(findings, snapshot, now)
         events = self.lifecycle.update(findings, now)
         for notifier in self.notifiers:
             try:
@@ -131,21 +169,31 @@ class Daemon:
             return False
         self.loaded = new
         cfg = new.config
-        self.samplers = Samplers.from_config(cfg, self.clock)
+        self.samplers.close()
+        self.samplers = Samplers.from_config(cfg, self.clock, nvml=self.nvml, follow_logs=True)
+        self.diagnoser = StallDiagnoser(cfg.general.proc_root, window=cfg.gpu.for_, py_spy=cfg.gpu.py_spy,
+                                        clock=self.clock.time)
         self.lifecycle.configure(repeat_interval=cfg.alerts.repeat_interval,
                                  keep_firing_for=cfg.alerts.keep_firing_for)
         log.info("configuration reloaded from %s", new.source)
         return True
 
+    def cycle_interval(self) -> float:
+        """general.interval, or gpu.interval when GPUs are to be sampled more often."""
+        cfg = self.config
+        if cfg.gpu.enabled and cfg.gpu.interval:
+            return min(cfg.general.interval, cfg.gpu.interval)
+        return cfg.general.interval
+
     def run(self) -> None:
         """Cycle every interval until stop_event is set. Ticks are on the monotonic clock."""
-        interval = self.config.general.interval
+        interval = self.cycle_interval()
         next_tick = self.clock.monotonic()
         while not self.stop_event.is_set():
             if self.reload_event.is_set():
                 self.reload_event.clear()
                 self.reload()
-                interval = self.config.general.interval
+                interval = self.cycle_interval()
             try:
                 self.cycle()
             except Exception:  # keep watching: one bad cycle is logged, the next one may work
@@ -166,6 +214,7 @@ class Daemon:
             self.stop_event.wait(min(left, 0.5))
 
     def close(self) -> None:
+        self.samplers.close()
         for notifier in self.notifiers:
             try:
                 notifier.close()

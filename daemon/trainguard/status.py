@@ -15,7 +15,8 @@ from trainguard.clock import Clock, SystemClock
 from trainguard.detectors import DetectorInput, evaluate
 from trainguard.detectors.forecast import fill_trend
 from trainguard.history import History
-from trainguard.records import Finding, FsSample, Severity, Snapshot
+from trainguard.diagnosis import StallDiagnoser
+from trainguard.records import Finding, FsSample, GpuSample, Severity, Snapshot
 from trainguard.service import Samplers, series_of
 from trainguard.units import format_bytes, format_duration, format_ratio
 
@@ -72,7 +73,39 @@ def filesystem_doc(sample: FsSample, snapshot: Snapshot, history: History, cfg: 
     }
 
 
-def build(cfg: configmod.Config, *, state_dir: str | None = None, clock: Clock | None = None) -> dict[str, Any]:
+def gpu_doc(g: GpuSample, findings: Sequence[Finding]) -> dict[str, Any]:
+    mine = [f for f in findings if f.labels.get("gpu") == str(g.index)]
+    stall = next((f for f in mine if f.kind == "gpu.stall"), None)
+    state = "lost" if g.lost else "stalled" if stall else (
+        "critical" if any(f.severity is Severity.CRITICAL for f in mine) else
+        "warning" if any(f.severity is Severity.WARNING for f in mine) else "ok")
+    return {
+        "index": g.index, "uuid": g.uuid, "name": g.name, "state": state,
+        "util_ratio": round(g.util_ratio, 4) if g.util_ratio is not None else None,
+        "util_max_ratio": round(g.util_max_ratio, 4) if g.util_max_ratio is not None else None,
+        "memory_used_bytes": g.memory_used_bytes, "memory_total_bytes": g.memory_total_bytes,
+        "temperature_c": g.temperature_c, "power_w": g.power_w, "power_limit_w": g.power_limit_w,
+        "throttle_reasons": g.throttle_reasons,
+        "processes": [{"host_pid": p.host_pid, "pid": p.pid, "ns_pid": p.ns_pid, "name": p.name, "state": p.state,
+                       "used_memory_bytes": p.used_memory_bytes, "note": p.note} for p in g.processes],
+        "ecc_uncorrected": g.ecc_uncorrected, "retired_pages": g.retired_pages,
+        "errors": dict(g.errors),
+        "diagnosis": stall.details.get("diagnosis") if stall else None,
+        "verdict": stall.details.get("verdict") if stall else None,
+    }
+
+
+def gpu_status_doc(snapshot: Snapshot) -> dict[str, Any] | None:
+    st = snapshot.gpu_status
+    if st is None:
+        return None
+    return {"state": st.state.value, "message": st.message, "since": _iso(st.since),
+            "next_retry": _iso(st.next_retry), "driver_version": st.driver_version,
+            "device_count": st.device_count, "lost": list(st.lost)}
+
+
+def build(cfg: configmod.Config, *, state_dir: str | None = None, clock: Clock | None = None,
+          nvml: Any = None) -> dict[str, Any]:
     clock = clock or SystemClock()
     state_dir = state_dir or cfg.general.state_dir
     conn = state.read_only(state_dir)
@@ -84,7 +117,7 @@ def build(cfg: configmod.Config, *, state_dir: str | None = None, clock: Clock |
     if conn is not None:
         history.load(conn, now)
         alert_states = alerts.load_states(conn)
-    samplers = Samplers.from_config(cfg, clock)
+    samplers = Samplers.from_config(cfg, clock, nvml=nvml)
     samplers.fs.wait = cfg.filesystems.probe_timeout  # a one-off may wait for slow mounts, up to the timeout
     samplers.disks.sample()
     time.sleep(DISK_SAMPLE_GAP)
@@ -93,6 +126,9 @@ def build(cfg: configmod.Config, *, state_dir: str | None = None, clock: Clock |
     history.record(now, series_of(snapshot))
     active = {s.key: s.severity for s in alert_states}
     findings = evaluate(DetectorInput(cfg, history, snapshot, now, active))
+    findings = StallDiagnoser(cfg.general.proc_root, py_spy=cfg.gpu.py_spy, clock=clock.time).enrich(
+        findings, snapshot, now)
+    samplers.close()
     doc: dict[str, Any] = {
         "version": SCHEMA_VERSION,
         "host": cfg.general.host,
@@ -100,6 +136,8 @@ def build(cfg: configmod.Config, *, state_dir: str | None = None, clock: Clock |
         "daemon_state": conn is not None,
         "filesystems": [filesystem_doc(s, snapshot, history, cfg, findings, now) for s in snapshot.filesystems],
         "missing_paths": list(snapshot.missing_paths),
+        "gpu_status": gpu_status_doc(snapshot),
+        "gpus": [gpu_doc(g, findings) for g in snapshot.gpus],
         "findings": [finding_doc(f) for f in sorted(findings, key=lambda f: (-f.severity.rank, f.key))],
         "alerts": [
             {"key": s.key, "state": s.state, "severity": s.severity.value, "summary": s.finding.summary,
@@ -128,6 +166,22 @@ def render(doc: dict[str, Any]) -> str:
         ])
     out = [f"trainguard on {doc['host']} at {doc['generated_at']}"
            + ("" if doc["daemon_state"] else " (no daemon history: trends need `trainguard run`)"), "", _table(rows)]
+    gst = doc.get("gpu_status")
+    if doc.get("gpus"):
+        grows = [["GPU", "NAME", "UTIL", "VRAM", "TEMP", "POWER", "PROCS", "STATE"]]
+        for g in doc["gpus"]:
+            vram = (f"{format_bytes(g['memory_used_bytes'])}/{format_bytes(g['memory_total_bytes'])}"
+                    if g["memory_total_bytes"] else "-")
+            grows.append([str(g["index"]), g["name"], format_ratio(g["util_ratio"]), vram,
+                          f"{g['temperature_c']:.0f}C" if g["temperature_c"] is not None else "-",
+                          f"{g['power_w']:.0f}W" if g["power_w"] is not None else "-",
+                          str(len(g["processes"])), g["state"]])
+        out += ["", _table(grows)]
+        for g in doc["gpus"]:
+            if g["verdict"]:
+                out.append(f"  GPU {g['index']} stall: {g['verdict']}")
+    if gst and gst["state"] not in ("ok",):
+        out += ["", f"GPU: {gst['message'] or gst['state']}"]
     out.append("")
     if doc["findings"]:
         out.append("Findings:")

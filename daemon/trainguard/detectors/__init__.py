@@ -30,12 +30,13 @@ Detector = Callable[[DetectorInput], list[Finding]]
 
 
 def _registry() -> dict[str, Detector]:
-    from trainguard.detectors import filesystem, forecast, io
+    from trainguard.detectors import filesystem, forecast, gpu, io
 
     return {
         "filesystem": filesystem.detect,
         "forecast": forecast.detect,
         "io": io.detect,
+        **gpu.GPU_DETECTORS,
     }
 
 
