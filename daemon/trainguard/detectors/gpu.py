@@ -80,11 +80,15 @@ def _covered(points: Sequence[tuple[float, float]], start: float, interval: floa
 
 
 def stalled_since(points: Sequence[tuple[float, float]], floor: float) -> float | None:
-    """Start of the trailing run of samples at or below the floor."""
+    """When the trailing run of samples at or below the floor began.
+
+    Each sample averages the interval before it, so the stall began at the last busy
+    sample; without one in view, at the first idle sample seen.
+    """
     since = None
     for ts, value in reversed(points):
         if value > floor:
-            break
+            return ts
         since = ts
     return since
 
