@@ -74,6 +74,7 @@ class FileTail:
             st = None
         if st is not None and (st.st_dev, st.st_ino) != self._id:
             # Rotated by rename: finish the old file, then follow the new one from its start.
+            # (While the path is missing, the writer may still append to the old file: keep reading it.)
             blocks += self._drain()
             if self._partial:
                 blocks.append(self._partial + b"\n")
@@ -110,26 +111,57 @@ class FileTail:
             self._fh = None
 
 
+_META = set(".^$*+?{}[]\\|()")
+
+
+def literal_prefix(pattern: str) -> str:
+    """The plain text every match of the pattern starts with ("" when there is none to rely on)."""
+    out = []
+    for i, c in enumerate(pattern):
+        if c in _META:
+            if c in "*?{" and out:
+                out.pop()  # the character before a quantifier is optional
+            break
+        out.append(c)
+    return "".join(out)
+
+
 class Matcher:
-    """All patterns of one [[logs]] entry in one bytes regex; which one matched is in the group name."""
+    """The patterns of one [[logs]] entry, matched over whole blocks of lines.
+
+    A pattern that starts with plain text is found with bytes.find (memchr speed) and only
+    the lines that contain that text go through the regex; the others scan the block.
+    """
 
     def __init__(self, patterns: Sequence[str]):
         self.patterns = list(patterns)
-        alternatives = "|".join(f"(?P<p{i}>{p})" for i, p in enumerate(self.patterns))
-        self.regex = re.compile(alternatives.encode("utf-8"))
+        self._compiled = []
+        for p in self.patterns:
+            lit = literal_prefix(p)
+            self._compiled.append((p, lit.encode("utf-8") if len(lit) >= 3 else b"", re.compile(p.encode("utf-8"))))
 
-    def lines(self, block: bytes) -> Iterable[tuple[str, str]]:
-        """(line, pattern) for each line in the block with a match; one per line."""
-        last_start = -1
-        for m in self.regex.finditer(block):
-            start = block.rfind(b"\n", 0, m.start()) + 1
-            if start == last_start:
-                continue
-            last_start = start
-            end = block.find(b"\n", m.end())
-            line = block[start:end if end >= 0 else len(block)]
-            pattern = self.patterns[int(m.lastgroup[1:])] if m.lastgroup else ""
-            yield line.decode("utf-8", "replace").rstrip("\r"), pattern
+    def lines(self, block: bytes) -> list[tuple[str, str]]:
+        """(line, pattern) for each line in the block with a match, in file order; one per line."""
+        hits: dict[int, tuple[int, str, int]] = {}  # line start -> (pattern order, pattern, line end)
+        for order, (pattern, literal, regex) in enumerate(self._compiled):
+            if literal:
+                pos = block.find(literal)
+                while pos >= 0:
+                    start = block.rfind(b"\n", 0, pos) + 1
+                    end = block.find(b"\n", pos)
+                    end = len(block) if end < 0 else end
+                    if start not in hits and regex.search(block, start, end):
+                        hits[start] = (order, pattern, end)
+                    pos = block.find(literal, end)
+            else:
+                for m in regex.finditer(block):
+                    start = block.rfind(b"\n", 0, m.start()) + 1
+                    end = block.find(b"\n", m.end())
+                    end = len(block) if end < 0 else end
+                    if start not in hits or hits[start][0] > order:
+                        hits[start] = (order, pattern, end)
+        return [(block[start:end].decode("utf-8", "replace").rstrip("\r"), pattern)
+                for start, (_order, pattern, end) in sorted(hits.items())]
 
 
 @dataclass
