@@ -173,3 +173,30 @@ def test_container_id_from_cgroup(cgroup, expected):
 ])
 def test_blocked_means_d_state_or_a_filesystem_wait(state, wchan, blocked):
     assert procs.is_blocked(state, wchan) is blocked
+
+
+def test_diagnose_command_in_a_subprocess_with_the_fake_on_pythonpath(tmp_path):
+    import json
+    from tests.gpu_support import FAKE_DIR
+    heartbeat = tmp_path / "heartbeat"
+    heartbeat.write_text("")
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        script = {"gpus": [gpu_spec([{"at": 0, "mem_used": 76 * GiB,
+                                      "processes": [{"pid": holder.pid, "used": 76 * GiB}]}],
+                                    heartbeat={"path": str(heartbeat), "fresh_s": 30, "busy": 97, "idle": 0})]}
+        (tmp_path / "nvml.json").write_text(json.dumps(script))
+        daemon_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "daemon")
+        env = dict(os.environ, PYTHONPATH=f"{FAKE_DIR}{os.pathsep}{daemon_dir}",
+                   TRAINGUARD_FAKE_NVML=str(tmp_path / "nvml.json"))
+        out = subprocess.run([sys.executable, "-m", "trainguard", "diagnose", "0", "--json", "--wait", "0.2",
+                              "--state-dir", str(tmp_path / "state")],
+                             env=env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        (d,) = json.loads(out.stdout)
+        assert d["processes"][0]["host_pid"] == holder.pid and d["processes"][0]["resolved"]
+        assert d["util_recent"] == [0.97]  # heartbeat fresh: the fake reports the job as computing
+        assert "no thread blocked on I/O" in d["verdict"]
+    finally:
+        holder.kill()
+        holder.wait()

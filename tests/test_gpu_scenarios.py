@@ -232,3 +232,17 @@ def test_sustained_thermal_throttle_warns_but_power_cap_alone_does_not():
     fired = s.firing("gpu.throttle")
     assert [e.finding.key for _, e in fired] == ["gpu.throttle:0"]
     assert "hw_thermal" in fired[0][1].finding.summary and "91°C" in fired[0][1].finding.summary
+
+
+def test_real_pynvml_on_a_host_without_gpu_is_one_info_state(caplog):
+    real = pytest.importorskip("pynvml", reason="nvidia-ml-py is not installed")
+    import ctypes.util
+    if ctypes.util.find_library("nvidia-ml"):
+        pytest.skip("this host has libnvidia-ml: the no-GPU path cannot be checked here")
+    caplog.set_level("INFO", logger="trainguard.gpu")
+    sampler = GpuSampler(real, clock=FakeClock())
+    reading = sampler.sample()
+    assert reading.status.state is NvmlState.NO_LIBRARY and reading.gpus == ()
+    sampler.sample()  # within the backoff: no new attempt, no new log line
+    records = [r for r in caplog.records if r.name == "trainguard.gpu"]
+    assert len(records) == 1 and records[0].levelname == "INFO"
