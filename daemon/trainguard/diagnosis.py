@@ -325,6 +325,9 @@ class StallDiagnoser:
         self.clock = clock
         self.machine = machine
         self._io: dict[int, collections.deque[tuple[float, IoCounters]]] = {}
+        # A firing stall is re-diagnosed at most this often (thread scans and py-spy are not free).
+        self.refresh = 60.0
+        self._cache: dict[int, tuple[float, Diagnosis]] = {}
 
     def observe(self, snapshot: Snapshot) -> None:
         """Record I/O counters of every resolved GPU process (one small read each)."""
@@ -367,6 +370,10 @@ class StallDiagnoser:
         """Attach a diagnosis to every gpu.stall finding: details, verdict in summary, remedy as hint."""
         out = []
         gpus = {g.index: g for g in snapshot.gpus}
+        stalled = {int(f.details.get("gpu", -1)) for f in findings if f.kind == "gpu.stall"}
+        for index in list(self._cache):
+            if index not in stalled:
+                del self._cache[index]  # a new stall gets a fresh diagnosis
         for finding in findings:
             if finding.kind != "gpu.stall":
                 out.append(finding)
@@ -375,8 +382,15 @@ class StallDiagnoser:
             if gpu is None:
                 out.append(finding)
                 continue
-            d = self.diagnose(gpu, snapshot, now, finding.details.get("util_recent", ()),
-                              finding.details.get("stalled_for_s"))
+            when = self.clock() if now is None else now
+            cached = self._cache.get(gpu.index)
+            if cached is not None and when - cached[0] < self.refresh:
+                d = dataclasses.replace(cached[1], util_recent=tuple(finding.details.get("util_recent", ())),
+                                        stalled_for_s=finding.details.get("stalled_for_s"))
+            else:
+                d = self.diagnose(gpu, snapshot, when, finding.details.get("util_recent", ()),
+                                  finding.details.get("stalled_for_s"))
+                self._cache[gpu.index] = (when, d)
             details = dict(finding.details)
             details["diagnosis"] = d.to_dict()
             details["verdict"] = d.verdict
