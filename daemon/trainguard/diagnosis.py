@@ -250,7 +250,7 @@ def render(d: Diagnosis) -> str:
         if not v.resolved:
             lines.append(f"{head}: {v.note}")
             continue
-        head += f" [{v.state}] {v.cmdline[:120]}"
+        head += f" [{v.state}] {' '.join(v.cmdline.split())[:120]}"
         if v.container_id:
             head += f" container {v.container_id[:12]}"
         if v.used_memory_bytes is not None:
