@@ -1,0 +1,1 @@
+"""Actions trainguard takes on its own: cleanup policies (walker, safety, policies, runner, audit, worker)."""

@@ -1,0 +1,639 @@
+"""Running cleanup policies: plan, guard, delete (or only list), audit, report.
+
+One run of one policy:
+1. each root is opened and checked (safety.open_checked_root) and the mount points
+   below it are collected, so bind mounts are never entered;
+2. plan: checkpoints are scanned into a short list of candidates; age and cache
+   policies are scanned in constant memory into counts and an age histogram;
+3. guard: if the planned deletion exceeds max_delete, nothing is deleted and the
+   report carries a warning finding;
+4. delete oldest-first (a watermark run stops as soon as the filesystem is at or
+   below `low`), relative to an open directory fd, re-checking just before each
+   delete that the entry is the one judged, not open by any process and not
+   changed within the grace period. A failure on one entry is counted and skipped.
+
+The runner holds no thread of its own; CleanupWorker (worker.py) calls it off the
+sampling thread.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Mapping, Sequence
+
+from trainguard.actions import policies as sel
+from trainguard.actions import walker
+from trainguard.actions.audit import AuditLog
+from trainguard.actions.safety import (
+    OpenedRoot,
+    OpenFiles,
+    UnsafeRoot,
+    home_dirs,
+    in_grace,
+    mount_point_of,
+    mounts_below,
+    open_checked_root,
+)
+from trainguard.config import AgePolicy, CachePolicy, CheckpointsPolicy
+from trainguard.records import Finding, FsUsage, Severity
+from trainguard.units import format_bytes, format_duration, format_ratio
+
+log = logging.getLogger(__name__)
+
+Policy = CheckpointsPolicy | AgePolicy | CachePolicy
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One entry deleted (or, in a dry run, that would be)."""
+
+    path: str
+    bytes: int
+    files: int
+    reason: str
+    age_s: float
+    unit: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RootReport:
+    root: str
+    mount: str
+    files: int = 0
+    bytes: int = 0
+    usage_before: float | None = None  # used ratio when the run started on this root
+    usage_after: float | None = None
+    note: str = ""  # why nothing happened here, when nothing did
+
+
+@dataclass(frozen=True, slots=True)
+class CleanupReport:
+    policy: str
+    type: str
+    trigger: str  # "manual", "schedule", "watermark"
+    dry_run: bool
+    started: float
+    finished: float
+    roots: tuple[RootReport, ...]
+    files: int
+    bytes: int
+    skipped: Mapping[str, int] = field(default_factory=dict)  # reason -> count
+    guard: str = ""  # non-empty: max_delete stopped the run; nothing was deleted
+    items: tuple[Item, ...] = ()  # the first max_items entries
+    planned_files: int = 0
+    planned_bytes: int = 0
+    dirs_removed: int = 0
+
+    @property
+    def mounts(self) -> list[str]:
+        return sorted({r.mount for r in self.roots if r.files}, key=lambda m: -sum(r.bytes for r in self.roots if r.mount == m))
+
+
+def usage_of(st: os.statvfs_result) -> FsUsage:
+    used = (st.f_blocks - st.f_bfree) * st.f_frsize
+    return FsUsage(
+        size_bytes=st.f_blocks * st.f_frsize,
+        used_bytes=used,
+        avail_bytes=st.f_bavail * st.f_frsize,
+        inodes_total=st.f_files,
+        inodes_used=st.f_files - st.f_ffree,
+        inodes_free=st.f_favail,
+    )
+
+
+def bytes_above(usage: FsUsage, ratio: float) -> int:
+    """Bytes to free for used / (used + avail) to reach ratio (df's view)."""
+    return max(0, math.ceil(usage.used_bytes - ratio * (usage.used_bytes + usage.avail_bytes)))
+
+
+class _Run:
+    """Mutable tallies of one policy run."""
+
+    def __init__(self, max_items: int, on_item: Callable[[Item], None] | None):
+        self.files = 0
+        self.bytes = 0
+        self.dirs = 0  # empty directories removed
+        self.skipped: dict[str, int] = {}
+        self.items: list[Item] = []
+        self.max_items = max_items
+        self.on_item = on_item
+        self._logged: dict[str, int] = {}
+
+    def skip(self, reason: str, path: str = "", detail: str = "") -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+        if reason in ("grace", "open", "busy-run", "excluded"):
+            return  # expected, not worth a log line each
+        shown = self._logged.get(reason, 0)
+        if shown < 5:
+            log.warning("cleanup: skipped %s (%s%s)", path, reason, f": {detail}" if detail else "")
+        elif shown == 5:
+            log.warning("cleanup: more entries skipped for %s; see the run summary", reason)
+        self._logged[reason] = shown + 1
+
+    def add(self, item: Item) -> None:
+        self.files += item.files
+        self.bytes += item.bytes
+        if len(self.items) < self.max_items:
+            self.items.append(item)
+        if self.on_item is not None:
+            self.on_item(item)
+
+
+@dataclass(slots=True)
+class _AgePlan:
+    """Pass-1 result for age and cache policies: counts and histograms, no per-file state."""
+
+    expired_files: int = 0
+    expired_bytes: int = 0
+    hist: sel.AgeHistogram = field(default_factory=sel.AgeHistogram)  # eligible entries by age
+    total_bytes: int = 0  # cache size (for max_size)
+    cap_min_age: float = math.inf  # entries at least this old go to get under max_size
+    cap_need: int = 0
+    busy: str = ""  # non-empty: a lock is held, leave this cache alone
+    problems: dict[str, int] = field(default_factory=dict)  # walk problems seen while planning
+
+
+class CleanupRunner:
+    """Runs policies on demand. Not thread-safe: one runner per thread."""
+
+    def __init__(
+        self,
+        policies: Sequence[Policy],
+        *,
+        audit: AuditLog | None = None,
+        proc_root: str = "/proc",
+        clock: Callable[[], float] = time.time,
+        environ: Mapping[str, str] | None = None,
+        homes: frozenset[str] | None = None,
+        hook: walker.Hook | None = None,
+        open_files: OpenFiles | None = None,
+        max_items: int = 1000,
+    ):
+        self.policies = {p.name: p for p in policies}
+        self.audit = audit
+        self.proc_root = proc_root
+        self.clock = clock
+        self.environ = os.environ if environ is None else environ
+        self.homes = homes
+        self.hook = hook
+        self.open_files = open_files or OpenFiles(proc_root)
+        self.max_items = max_items
+
+    # ------------------------------------------------------------ roots
+
+    def roots_of(self, policy: Policy) -> list[str]:
+        if policy.roots or not isinstance(policy, CachePolicy):
+            return list(policy.roots)
+        homes = sorted(self.homes if self.homes is not None else home_dirs())
+        own = self.environ.get("HOME") or os.path.expanduser("~")
+        found = sel.cache_dirs(policy.type, self.environ, homes if policy.all_users else [],
+                               as_root=os.geteuid() == 0, own_home=own)
+        return [d for d in found if os.path.isdir(d)]
+
+    # ------------------------------------------------------------ entry point
+
+    def run(
+        self,
+        policy: Policy,
+        *,
+        trigger: str = "manual",
+        dry_run: bool = False,
+        on_item: Callable[[Item], None] | None = None,
+    ) -> CleanupReport:
+        """Run one policy once. trigger "watermark" frees down to `low`; "schedule" takes every
+        candidate; "manual" does what the policy's own triggers would (a watermark-only policy
+        deletes nothing while its filesystem is below `high`)."""
+        started = self.clock()
+        watermark = trigger == "watermark" or (trigger == "manual" and policy.watermark and policy.schedule is None)
+        run = _Run(self.max_items, on_item)
+        opened: list[tuple[OpenedRoot, str, frozenset[str]]] = []
+        notes: dict[str, str] = {}
+        root_paths = self.roots_of(policy)
+        try:
+            for root in root_paths:
+                try:
+                    o = open_checked_root(root, self.homes)
+                except UnsafeRoot as exc:
+                    log.error("cleanup %s: %s", policy.name, exc)
+                    notes[root] = str(exc)
+                    run.skip("unsafe-root", root, str(exc))
+                    continue
+                try:
+                    below = mounts_below(o.path, self.proc_root)
+                except OSError as exc:
+                    os.close(o.fd)
+                    notes[root] = f"cannot read mount table: {exc.strerror}"
+                    run.skip("error", root, notes[root])
+                    continue
+                opened.append((o, mount_point_of(o.path), below))
+            return self._run_opened(policy, opened, notes, run, trigger, watermark, dry_run, started)
+        finally:
+            for o, _mount, _below in opened:
+                os.close(o.fd)
+            if self.audit is not None:
+                self.audit.flush()
+
+    def _run_opened(self, policy, opened, notes, run, trigger, watermark, dry_run, started) -> CleanupReport:
+        now = self.clock()
+        plans = []
+        planned_files = planned_bytes = 0
+        for o, mount, below in opened:
+            usage = usage_of(os.fstatvfs(o.fd))
+            need = None
+            if watermark:
+                threshold = policy.high if trigger == "manual" else policy.low
+                if usage.used_ratio < threshold or bytes_above(usage, policy.low) == 0:
+                    notes[o.path] = f"{format_ratio(usage.used_ratio)} used, below the {format_ratio(threshold)} watermark"
+                    plans.append((o, mount, below, usage, None, 0))
+                    continue
+                need = bytes_above(usage, policy.low)
+            if isinstance(policy, CheckpointsPolicy):
+                plan = self._plan_checkpoints(policy, o, below, run, now)
+                chosen = plan if need is None else _take_until(plan, need)
+                files, nbytes = sum(c.files for c in chosen), sum(c.bytes for c in chosen)
+            else:
+                plan = self._plan_age(policy, o, below, run, now)
+                if plan.busy:
+                    notes[o.path] = plan.busy
+                    plans.append((o, mount, below, usage, None, 0))
+                    continue
+                if need is None:
+                    files, nbytes = plan.expired_files, plan.expired_bytes
+                    if plan.cap_need:
+                        _age, cf, cb = plan.hist.cutoff_for(plan.cap_need)
+                        files, nbytes = max(files, cf), max(nbytes, cb)
+                else:
+                    _age, files, nbytes = plan.hist.cutoff_for(need)
+            planned_files += files
+            planned_bytes += nbytes
+            plans.append((o, mount, below, usage, plan, need))
+
+        guard = ""
+        if policy.max_delete is not None and policy.max_delete.exceeded_by(planned_files, planned_bytes):
+            guard = (
+                f"{planned_files} files ({format_bytes(planned_bytes)}) would exceed max_delete "
+                f"{_describe_limit(policy.max_delete)}"
+            )
+            log.warning("cleanup %s: stopped, nothing deleted: %s", policy.name, guard)
+
+        roots: list[RootReport] = []
+        for o, mount, below, usage, plan, need in plans:
+            before_files, before_bytes = run.files, run.bytes
+            if plan is not None and not guard:
+                if isinstance(policy, CheckpointsPolicy):
+                    self._delete_checkpoints(policy, o, mount, plan, need, run, dry_run)
+                else:
+                    self._delete_age(policy, o, mount, below, plan, need, run, dry_run, now)
+            if isinstance(plan, _AgePlan):
+                for reason, n in plan.problems.items():  # seen in either pass: count once
+                    run.skipped[reason] = max(run.skipped.get(reason, 0), n)
+            after = usage_of(os.fstatvfs(o.fd)).used_ratio if not dry_run else None
+            roots.append(RootReport(o.path, mount, run.files - before_files, run.bytes - before_bytes,
+                                    usage.used_ratio, after, notes.pop(o.path, "")))
+        for root, note in notes.items():
+            roots.append(RootReport(root, "", note=note))
+        if self.audit is not None and not dry_run and run.files:
+            self.audit.flush()
+        report = CleanupReport(
+            policy=policy.name, type=policy.type, trigger=trigger, dry_run=dry_run, started=started,
+            finished=self.clock(), roots=tuple(roots), files=run.files, bytes=run.bytes,
+            skipped=dict(run.skipped), guard=guard, items=tuple(run.items),
+            planned_files=planned_files, planned_bytes=planned_bytes, dirs_removed=run.dirs,
+        )
+        log.info("%s", describe(report))
+        return report
+
+    # ------------------------------------------------------------ checkpoints
+
+    def _plan_checkpoints(self, policy: CheckpointsPolicy, o: OpenedRoot, below: frozenset[str],
+                          run: _Run, now: float) -> list[sel.Candidate]:
+        items: list[sel.CheckpointItem] = []
+        self.open_files.refresh()
+
+        def descend(entry: walker.Entry) -> bool:
+            return not (sel.matches(entry.name, entry.path, policy.exclude)
+                        or sel.matches(entry.name, entry.path, policy.dir_patterns))
+
+        for entry in walker.walk(o.fd, dev=o.dev, descend=descend, prune_paths=below,
+                                 on_problem=lambda p: run.skip(p.reason, p.path, p.detail), hook=self.hook):
+            if sel.matches(entry.name, entry.path, policy.exclude):
+                continue
+            group = entry.path.rpartition("/")[0]
+            st = entry.st
+            if entry.is_dir:
+                if not sel.matches(entry.name, entry.path, policy.dir_patterns):
+                    continue
+                try:
+                    unit = walker.measure_unit(entry.dir_fd, entry.name, o.dev, self.hook)
+                except OSError as exc:
+                    run.skip(walker.classify_error(exc), entry.path, exc.strerror or "")
+                    continue
+                busy = (now - unit.newest_change < policy.grace or unit.problems > 0
+                        or self.open_files.any_open(unit.inodes))
+                items.append(sel.CheckpointItem(group, entry.path, entry.name, sel.parse_step(entry.name),
+                                                st.st_mtime, unit.bytes, unit.files, True, st.st_dev, st.st_ino, busy))
+            elif sel.is_deletable_type(st) and not _is_symlink(st) and sel.matches(entry.name, entry.path, policy.patterns):
+                busy = in_grace(st, now, policy.grace) or self.open_files.is_open(st.st_dev, st.st_ino)
+                items.append(sel.CheckpointItem(group, entry.path, entry.name, sel.parse_step(entry.name),
+                                                st.st_mtime, sel.freed_bytes(st), 1, False, st.st_dev, st.st_ino, busy))
+        return sel.select_checkpoints(o.path, items, policy, now)
+
+    def _delete_checkpoints(self, policy, o: OpenedRoot, mount: str, plan: list[sel.Candidate],
+                            need: int | None, run: _Run, dry_run: bool) -> None:
+        freed = 0
+        for cand in plan:  # oldest first
+            if need is not None and self._reached(o, need, freed, dry_run, policy.low):
+                return
+            parent, _, name = cand.relpath.rpartition("/")
+            path = os.path.join(o.path, cand.relpath)
+            try:
+                pfd = walker.open_beneath(o.fd, parent, o.dev)
+            except OSError as exc:
+                run.skip(walker.classify_error(exc), path, exc.strerror or "")
+                continue
+            try:
+                st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+                if (st.st_dev, st.st_ino) != (cand.dev, cand.ino):
+                    run.skip("replaced", path, "not the entry that was judged")
+                    continue
+                now = self.clock()
+                if cand.is_unit:
+                    unit = walker.measure_unit(pfd, name, o.dev, self.hook)
+                    self.open_files.refresh()  # just before the delete
+                    if now - unit.newest_change < policy.grace:
+                        run.skip("grace", path)
+                        continue
+                    if unit.problems or self.open_files.any_open(unit.inodes):
+                        run.skip("open" if not unit.problems else "unreadable", path)
+                        continue
+                    nbytes, nfiles = unit.bytes, unit.files
+                else:
+                    self.open_files.refresh()
+                    if in_grace(st, now, policy.grace):
+                        run.skip("grace", path)
+                        continue
+                    if self.open_files.is_open(st.st_dev, st.st_ino):
+                        run.skip("open", path)
+                        continue
+                    nbytes, nfiles = sel.freed_bytes(st), 1
+                item = Item(path, nbytes, nfiles, cand.reason, now - cand.age_ts, cand.is_unit)
+                if not dry_run:
+                    if self.hook is not None:
+                        self.hook("before_delete", cand.relpath)
+                    if cand.is_unit:
+                        walker.remove_tree_at(pfd, name, o.dev, cand.ino)
+                    else:
+                        os.unlink(name, dir_fd=pfd)
+                    self._audit(policy.name, mount, item)
+                run.add(item)
+                freed += nbytes
+            except OSError as exc:
+                run.skip(walker.classify_error(exc), path, exc.strerror or "")
+            finally:
+                os.close(pfd)
+
+    # ------------------------------------------------------------ age and caches
+
+    def _judge(self, policy: AgePolicy | CachePolicy, entry: walker.Entry, kind: sel.CacheKind | None,
+               run: _Run, now: float, plan: _AgePlan | None) -> tuple[float, int, int, bool] | None:
+        """(age_ts, bytes, files, is_unit) for an entry the policy could delete, else None."""
+        name, path, st = entry.name, entry.path, entry.st
+        if sel.matches(name, path, policy.exclude) or (kind and sel.matches_any_part(path, kind.exclude)):
+            if kind is not None and plan is not None and not entry.is_dir and sel.matches(name, path, kind.lock_globs):
+                if self.open_files.is_open(st.st_dev, st.st_ino):
+                    plan.busy = f"in use: {path} is held by a process"
+            return None
+        if entry.is_dir:
+            if kind is None or "/" in path or not sel.matches(name, path, kind.unit_globs):
+                return None
+            try:
+                unit = walker.measure_unit(entry.dir_fd, name, st.st_dev, self.hook)
+            except OSError as exc:
+                run.skip(walker.classify_error(exc), path, exc.strerror or "")
+                return None
+            if now - unit.newest_change < policy.grace:
+                run.skip("grace", path)
+                return None
+            if unit.multi_linked:
+                run.skip("linked-elsewhere", path)  # e.g. a conda package hard-linked into an environment
+                return None
+            if unit.problems:
+                run.skip("unreadable", path)
+                return None
+            return unit.newest_access, unit.bytes, unit.files, True
+        if not sel.is_deletable_type(st) or not sel.matches(name, path, policy.patterns):
+            return None
+        if in_grace(st, now, policy.grace):
+            run.skip("grace", path)
+            return None
+        age_by = policy.age_by if isinstance(policy, AgePolicy) else ("atime", "mtime", "ctime")
+        return sel.age_timestamp(st, age_by), sel.freed_bytes(st), 1, False
+
+    def _walk_age(self, policy, o: OpenedRoot, below: frozenset[str], kind, run: _Run, *, post_order: bool,
+                  into_excluded: bool = False) -> Iterator[walker.Entry]:
+        def descend(entry: walker.Entry) -> bool:
+            if sel.matches(entry.name, entry.path, policy.exclude):
+                return False
+            if kind is not None:
+                if "/" not in entry.path and sel.matches(entry.name, entry.path, kind.unit_globs):
+                    return False
+                # The planning pass looks into a cache's own lock directory (.locks) to see held locks.
+                if not into_excluded and sel.matches(entry.name, entry.path, kind.exclude):
+                    return False
+            return True
+
+        return walker.walk(o.fd, dev=o.dev, descend=descend, prune_paths=below, post_order=post_order,
+                           on_problem=lambda p: run.skip(p.reason, p.path, p.detail), hook=self.hook)
+
+    def _plan_age(self, policy: AgePolicy | CachePolicy, o: OpenedRoot, below: frozenset[str],
+                  run: _Run, now: float) -> _AgePlan:
+        kind = sel.CACHE_KINDS[policy.type] if isinstance(policy, CachePolicy) else None
+        plan = _AgePlan()
+        all_hist = sel.AgeHistogram() if getattr(policy, "max_size", None) is not None else None
+        older_than = policy.older_than
+        scratch = _Run(0, None)  # pass 1 skips are counted again in pass 2; count them once
+        self.open_files.refresh()
+        for entry in self._walk_age(policy, o, below, kind, scratch, post_order=False, into_excluded=True):
+            judged = self._judge(policy, entry, kind, scratch, now, plan)
+            if judged is None:
+                if not entry.is_dir and kind is not None:
+                    plan.total_bytes += sel.freed_bytes(entry.st)
+                continue
+            age_ts, nbytes, files, _unit = judged
+            age = now - age_ts
+            plan.total_bytes += nbytes
+            if all_hist is not None:
+                all_hist.add(age, nbytes, files)
+            if older_than is None or age >= older_than:
+                plan.hist.add(age, nbytes, files)
+                if older_than is not None:
+                    plan.expired_files += files
+                    plan.expired_bytes += nbytes
+        plan.problems = {r: n for r, n in scratch.skipped.items() if r != "grace"}
+        if all_hist is not None and plan.total_bytes > policy.max_size:
+            plan.cap_need = plan.total_bytes - policy.max_size
+            plan.cap_min_age, _f, _b = all_hist.cutoff_for(plan.cap_need)
+        return plan
+
+    def _delete_age(self, policy, o: OpenedRoot, mount: str, below: frozenset[str], plan: _AgePlan,
+                    need: int | None, run: _Run, dry_run: bool, now: float) -> None:
+        kind = sel.CACHE_KINDS[policy.type] if isinstance(policy, CachePolicy) else None
+        older_than = policy.older_than
+        if need is not None:
+            min_age, _f, _b = plan.hist.cutoff_for(need)
+            # Histogram buckets are ~3 % wide: never let one reach below older_than.
+            min_age = max(min_age, older_than or 0.0)
+        else:
+            min_age = older_than if older_than is not None else math.inf
+        cap_left = plan.cap_need
+        freed = 0
+        remove_dirs = isinstance(policy, AgePolicy) and policy.remove_empty_dirs and need is None
+        for entry in self._walk_age(policy, o, below, kind, run, post_order=remove_dirs):
+            if entry.post:
+                self._remove_empty_dir(policy, o, mount, entry, run, dry_run, now)
+                continue
+            judged = self._judge(policy, entry, kind, run, now, None)
+            if judged is None:
+                continue
+            age_ts, nbytes, files, is_unit = judged
+            age = now - age_ts
+            by_cap = False
+            if age < min_age:
+                # Not expired; a cache above max_size still loses its oldest entries.
+                if cap_left <= 0 or age < plan.cap_min_age:
+                    continue
+                by_cap = True
+            if need is not None and self._reached(o, need, freed, dry_run, policy.low):
+                return
+            path = os.path.join(o.path, entry.path)
+            if is_unit:
+                unit = walker.measure_unit(entry.dir_fd, entry.name, o.dev, self.hook)
+                if self.open_files.any_open(unit.inodes):
+                    run.skip("open", path)
+                    continue
+            elif self.open_files.is_open(entry.st.st_dev, entry.st.st_ino):
+                run.skip("open", path)
+                continue
+            reason = (f"over max_size {format_bytes(policy.max_size)}: oldest first, unused for {format_duration(age)}"
+                      if by_cap else sel.age_reason(policy, age))
+            item = Item(path, nbytes, files, reason, age, is_unit)
+            if not dry_run:
+                try:
+                    if self.hook is not None:
+                        self.hook("before_delete", entry.path)
+                    if is_unit:
+                        walker.remove_tree_at(entry.dir_fd, entry.name, o.dev, entry.st.st_ino)
+                    else:
+                        os.unlink(entry.name, dir_fd=entry.dir_fd)
+                except OSError as exc:
+                    run.skip(walker.classify_error(exc), path, exc.strerror or "")
+                    continue
+                self._audit(policy.name, mount, item)
+            run.add(item)
+            freed += nbytes
+            if by_cap:
+                cap_left -= nbytes
+
+    def _remove_empty_dir(self, policy: AgePolicy, o: OpenedRoot, mount: str, entry: walker.Entry,
+                          run: _Run, dry_run: bool, now: float) -> None:
+        # Reading a directory bumps its atime, so directories are aged by mtime/ctime only.
+        if dry_run or sel.matches(entry.name, entry.path, policy.exclude):
+            return
+        if now - max(entry.st.st_mtime, entry.st.st_ctime) < policy.older_than:
+            return
+        try:
+            os.rmdir(entry.name, dir_fd=entry.dir_fd)  # the kernel refuses a non-empty directory
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT, errno.EBUSY):
+                run.skip(walker.classify_error(exc), os.path.join(o.path, entry.path), exc.strerror or "")
+            return
+        item = Item(os.path.join(o.path, entry.path) + "/", 0, 0, "empty directory", now - entry.st.st_mtime)
+        self._audit(policy.name, mount, item)
+        run.dirs += 1
+
+    # ------------------------------------------------------------ helpers
+
+    def _reached(self, o: OpenedRoot, need: int, freed: int, dry_run: bool, low: float) -> bool:
+        """Watermark runs stop at `low`: by the filesystem's own count, or by what was freed."""
+        if freed >= need:
+            return True
+        if dry_run:
+            return False
+        return usage_of(os.fstatvfs(o.fd)).used_ratio <= low
+
+    def _audit(self, policy: str, mount: str, item: Item) -> None:
+        if self.audit is not None:
+            self.audit.record(policy, mount, item.path, item.bytes, item.files, item.reason)
+
+
+def _take_until(plan: list[sel.Candidate], need: int) -> list[sel.Candidate]:
+    out, total = [], 0
+    for cand in plan:
+        if total >= need:
+            break
+        out.append(cand)
+        total += cand.bytes
+    return out
+
+
+def _is_symlink(st: os.stat_result) -> bool:
+    import stat as _stat
+
+    return _stat.S_ISLNK(st.st_mode)
+
+
+def _describe_limit(limit) -> str:
+    return f"{limit.files} files" if limit.files is not None else format_bytes(limit.bytes)
+
+
+def describe(report: CleanupReport) -> str:
+    """One line for logs and the CLI."""
+    verb = "would free" if report.dry_run else "freed"
+    if report.guard:
+        return f"cleanup {report.policy}: stopped, nothing deleted: {report.guard}"
+    where = ", ".join(report.mounts) or ", ".join(r.root for r in report.roots) or "no roots"
+    line = f"cleanup {report.policy} ({report.trigger}) {verb} {format_bytes(report.bytes)} on {where} ({report.files} files)"
+    if report.skipped:
+        line += "; skipped " + ", ".join(f"{n} {reason}" for reason, n in sorted(report.skipped.items()))
+    return line
+
+
+def findings_for(report: CleanupReport) -> list[Finding]:
+    """What the alert path gets after a run: what was freed, or why the guard stopped it."""
+    out: list[Finding] = []
+    details = {
+        "roots": [
+            {"root": r.root, "mount": r.mount, "files": r.files, "bytes": r.bytes,
+             "usage_before": r.usage_before, "usage_after": r.usage_after, "note": r.note}
+            for r in report.roots
+        ],
+        "trigger": report.trigger,
+        "skipped": dict(report.skipped),
+    }
+    labels = {"policy": report.policy}
+    if report.guard:
+        out.append(Finding(
+            key=f"cleanup.guard:{report.policy}",
+            severity=Severity.WARNING,
+            summary=f"cleanup {report.policy} stopped, nothing deleted: {report.guard}",
+            details=details, labels=labels,
+            value=float(report.planned_files),
+            hint=f"check it with: trainguard cleanup --dry-run --policy {report.policy}; "
+                 "if the list is right, raise max_delete for this policy",
+        ))
+    elif report.files and not report.dry_run:
+        mounts = report.mounts
+        out.append(Finding(
+            key=f"cleanup.report:{report.policy}",
+            severity=Severity.INFO,
+            summary=f"cleanup freed {format_bytes(report.bytes)} on {', '.join(mounts)} "
+                    f"({report.policy}: {report.files} files)",
+            details=details, labels={**labels, "mountpoint": mounts[0] if mounts else ""},
+            value=float(report.bytes),
+        ))
+    return out

@@ -1,0 +1,263 @@
+"""Streaming, fd-relative directory walk that never follows a symlink or leaves its filesystem.
+
+Every directory is opened relative to its parent's fd with O_NOFOLLOW|O_DIRECTORY,
+so replacing a directory by a symlink (or a mount) between listing and descending
+cannot redirect the walk. Memory is bounded by tree depth, not tree size: one open
+fd and one scandir iterator per level. Entries carry the fd of their parent so the
+caller can unlink relative to it.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+from typing import Callable, Iterator, NamedTuple
+
+log = logging.getLogger(__name__)
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+# hook(event, relpath) is called at the points where a concurrent change matters
+# ("open_dir" before a subdirectory is opened); tests use it to race the walk.
+Hook = Callable[[str, str], None]
+
+
+class Entry(NamedTuple):
+    """One directory entry. dir_fd is only valid while the walk is positioned on it."""
+
+    dir_fd: int
+    name: str
+    path: str  # relative to the walk root, "/"-joined
+    st: os.stat_result  # lstat: never the target of a symlink
+    is_dir: bool
+    post: bool = False  # True: the directory's contents have all been yielded
+
+
+class WalkProblem(NamedTuple):
+    path: str
+    reason: str  # "permission", "vanished", "symlink", "other-filesystem", "error"
+    detail: str
+
+
+def open_root(path: str) -> int:
+    """Open a root directory; refuses a symlink as the last component."""
+    return os.open(path, _DIR_FLAGS)
+
+
+def open_dir_at(parent_fd: int, name: str, expect_dev: int) -> int:
+    """Open a child directory relative to parent_fd, refusing symlinks and other filesystems."""
+    fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    try:
+        st = os.fstat(fd)
+        if st.st_dev != expect_dev:
+            raise OSError(errno.EXDEV, "directory is on another filesystem", name)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open_beneath(root_fd: int, relpath: str, expect_dev: int) -> int:
+    """Open relpath's directory chain below root_fd one component at a time (no symlinks, one filesystem)."""
+    fd = os.dup(root_fd)
+    try:
+        for part in relpath.split("/") if relpath else ():
+            if part in ("", ".", ".."):
+                raise OSError(errno.EINVAL, "unexpected path component", relpath)
+            child = open_dir_at(fd, part, expect_dev)
+            os.close(fd)
+            fd = child
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def classify_error(exc: OSError) -> str:
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return "permission"
+    if exc.errno in (errno.ENOENT, errno.ESTALE):
+        return "vanished"
+    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+        return "symlink"  # O_NOFOLLOW|O_DIRECTORY on something that is no longer a directory
+    if exc.errno == errno.EXDEV:
+        return "other-filesystem"
+    return "error"
+
+
+def walk(
+    root_fd: int,
+    *,
+    dev: int,
+    descend: Callable[[Entry], bool] | None = None,
+    prune_paths: frozenset[str] = frozenset(),
+    post_order: bool = False,
+    on_problem: Callable[[WalkProblem], None] | None = None,
+    hook: Hook | None = None,
+) -> Iterator[Entry]:
+    """Yield every entry below root_fd (depth first), directories before their contents.
+
+    descend(entry) decides whether a directory is entered (default: yes).
+    prune_paths are relative paths never yielded nor entered (mount points below
+    the root). Entries on another device than `dev` are skipped and reported.
+    With post_order, each entered directory is yielded again with post=True after
+    its contents. The caller must not keep dir_fd past the next iteration.
+    """
+    # Stack of (fd, iterator, relative prefix, the entry for this dir or None for the root).
+    stack: list[tuple[int, Iterator[os.DirEntry[str]], str, Entry | None]] = []
+
+    def problem(path: str, exc: OSError) -> None:
+        reason = classify_error(exc)
+        if on_problem is not None:
+            on_problem(WalkProblem(path, reason, exc.strerror or str(exc)))
+        else:
+            log.warning("cleanup walk: skipping %s (%s: %s)", path, reason, exc.strerror or exc)
+
+    try:
+        first = os.dup(root_fd)
+        try:
+            stack.append((first, os.scandir(first), "", None))
+        except OSError as exc:
+            os.close(first)
+            problem(".", exc)
+            return
+        while stack:
+            fd, it, prefix, here = stack[-1]
+            try:
+                dirent = next(it, None)
+            except OSError as exc:  # getdents failed (e.g. directory removed under us)
+                problem(prefix.rstrip("/") or ".", exc)
+                dirent = None
+            if dirent is None:
+                stack.pop()
+                _close(fd, it)
+                if post_order and here is not None:
+                    # The parent's fd is the new top of the stack; rmdir relative to it is safe.
+                    yield here._replace(dir_fd=stack[-1][0], post=True)
+                continue
+            name = dirent.name
+            path = prefix + name
+            if path in prune_paths:
+                continue
+            try:
+                st = dirent.stat(follow_symlinks=False)
+            except OSError as exc:
+                problem(path, exc)
+                continue
+            if st.st_dev != dev:
+                problem(path, OSError(errno.EXDEV, "on another filesystem"))
+                continue
+            is_dir = stat.S_ISDIR(st.st_mode)
+            entry = Entry(fd, name, path, st, is_dir)
+            yield entry
+            if not is_dir or (descend is not None and not descend(entry)):
+                continue
+            if hook is not None:
+                hook("open_dir", path)
+            try:
+                child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                problem(path, exc)
+                continue
+            try:
+                cst = os.fstat(child)
+                if cst.st_dev != dev:
+                    raise OSError(errno.EXDEV, "directory is on another filesystem")
+                if cst.st_ino != st.st_ino:
+                    # Replaced between listing and opening: the entry we judged is gone.
+                    raise OSError(errno.ENOENT, "directory was replaced during the scan")
+                child_it = os.scandir(child)
+            except OSError as exc:
+                os.close(child)
+                problem(path, exc)
+                continue
+            stack.append((child, child_it, path + "/", entry))
+    finally:
+        for fd, it, _prefix, _here in reversed(stack):
+            _close(fd, it)
+
+
+def _close(fd: int, it: Iterator[os.DirEntry[str]]) -> None:
+    close = getattr(it, "close", None)
+    if close is not None:
+        close()
+    os.close(fd)
+
+
+class UnitStats(NamedTuple):
+    bytes: int  # freed by deleting it (multi-linked files count 0)
+    files: int
+    newest_change: float  # newest mtime/ctime inside: is it still being written?
+    newest_access: float  # newest atime inside: is it still being used?
+    inodes: list[tuple[int, int]]
+    multi_linked: bool  # some file also lives elsewhere (e.g. a conda package linked into an env)
+    problems: int
+
+
+def measure_unit(parent_fd: int, name: str, dev: int, hook: Hook | None = None) -> UnitStats:
+    """Measure a directory deleted as one unit (a checkpoint-* directory, a cache entry)."""
+    fd = open_dir_at(parent_fd, name, dev)
+    try:
+        dst = os.fstat(fd)
+        total = files = problems = 0
+        newest = max(dst.st_mtime, dst.st_ctime)
+        accessed = 0.0
+        inodes: list[tuple[int, int]] = []
+        multi = False
+
+        def count(_p: WalkProblem) -> None:
+            nonlocal problems
+            problems += 1
+
+        for entry in walk(fd, dev=dev, on_problem=count, hook=hook):
+            st = entry.st
+            newest = max(newest, st.st_mtime, st.st_ctime)
+            if not entry.is_dir:
+                accessed = max(accessed, st.st_atime)
+                files += 1
+                if st.st_nlink > 1:
+                    multi = True
+                else:
+                    total += st.st_blocks * 512
+                inodes.append((st.st_dev, st.st_ino))
+        return UnitStats(total, files, newest, max(accessed, newest), inodes, multi, problems)
+    finally:
+        os.close(fd)
+
+
+def remove_tree_at(parent_fd: int, name: str, dev: int, expect_ino: int) -> int:
+    """Delete a directory unit relative to parent_fd without following symlinks; returns files removed.
+
+    The directory must still be the inode that was judged (expect_ino). Symlinks
+    inside are unlinked, never followed; a subdirectory on another filesystem
+    stops the removal with EXDEV (nothing outside the unit is touched).
+    """
+    fd = open_dir_at(parent_fd, name, dev)
+    try:
+        if os.fstat(fd).st_ino != expect_ino:
+            raise OSError(errno.ENOENT, "directory was replaced since it was judged", name)
+        removed = _remove_contents(fd, dev)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=parent_fd)
+    return removed
+
+
+def _remove_contents(fd: int, dev: int) -> int:
+    removed = 0
+    with os.scandir(fd) as it:
+        entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+    for name, is_dir in entries:
+        if is_dir:
+            child = open_dir_at(fd, name, dev)
+            try:
+                removed += _remove_contents(child, dev)
+            finally:
+                os.close(child)
+            os.rmdir(name, dir_fd=fd)
+        else:
+            os.unlink(name, dir_fd=fd)
+            removed += 1
+    return removed

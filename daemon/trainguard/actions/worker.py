@@ -1,0 +1,157 @@
+"""Runs cleanup policies on a background thread, fed the latest snapshot by the daemon.
+
+submit() never blocks: it replaces the pending snapshot and wakes the thread. A scan
+of a huge tree therefore delays only the next cleanup decision, never sampling or
+alerts. Findings produced by runs are collected for the daemon to drain each cycle.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+import time
+from typing import Callable, Sequence
+
+from trainguard.actions.audit import AuditLog
+from trainguard.actions.cleanup import CleanupReport, CleanupRunner, Policy, findings_for, usage_of
+from trainguard.records import Finding, FsUsage, Snapshot
+
+log = logging.getLogger(__name__)
+
+# A policy whose watermark run could not reach `low` is not rescanned every cycle.
+WATERMARK_RETRY = 300.0
+
+
+def usage_for_path(snapshot: Snapshot | None, path: str) -> FsUsage | None:
+    """Usage of the filesystem holding path, from the snapshot (longest mount point prefix)."""
+    if snapshot is None:
+        return None
+    best, best_len = None, -1
+    for sample in snapshot.filesystems:
+        mp = sample.mount.mount_point.rstrip("/") or "/"
+        if (path == mp or path.startswith(mp.rstrip("/") + "/")) and len(mp) > best_len:
+            best, best_len = sample, len(mp)
+    if best is None or not best.responsive or best.usage is None:
+        return None
+    return best.usage
+
+
+class Scheduler:
+    """Decides which policies are due: pure apart from the statvfs fallback for unwatched roots."""
+
+    def __init__(self, runner: CleanupRunner, *, statvfs: Callable[[str], os.statvfs_result] = os.statvfs):
+        self.runner = runner
+        self.statvfs = statvfs
+        self.last_run: dict[str, float] = {}
+        self.last_watermark: dict[str, float] = {}
+
+    def due(self, snapshot: Snapshot | None, now: float) -> list[tuple[Policy, str]]:
+        out = []
+        for policy in self.runner.policies.values():
+            if not policy.enabled:
+                continue
+            if policy.schedule is not None and now - self.last_run.get(policy.name, -1e18) >= policy.schedule:
+                out.append((policy, "schedule"))
+                continue
+            if policy.watermark and now - self.last_watermark.get(policy.name, -1e18) >= WATERMARK_RETRY / 10:
+                if any(self._above_high(snapshot, root, policy.high) for root in self.runner.roots_of(policy)):
+                    out.append((policy, "watermark"))
+        return out
+
+    def _above_high(self, snapshot: Snapshot | None, root: str, high: float) -> bool:
+        usage = usage_for_path(snapshot, root)
+        if usage is None:
+            if snapshot is not None and any(root.startswith(s.mount.mount_point) and not s.responsive
+                                            for s in snapshot.filesystems):
+                return False  # never touch a filesystem whose probe hangs
+            try:
+                usage = usage_of(self.statvfs(root))
+            except OSError:
+                return False
+        return usage.used_ratio >= high
+
+    def ran(self, report: CleanupReport, now: float) -> None:
+        self.last_run[report.policy] = now
+        if report.trigger == "watermark":
+            reached = all(r.usage_after is None or r.usage_after <= self.runner.policies[report.policy].low
+                          for r in report.roots)
+            # Try again soon if it worked; back off if there was nothing left to delete.
+            self.last_watermark[report.policy] = now if reached else now + WATERMARK_RETRY
+
+
+class CleanupWorker:
+    """The daemon's cleanup thread. make_runner runs on that thread (sqlite connections stay there)."""
+
+    def __init__(self, make_runner: Callable[[], CleanupRunner], *, clock: Callable[[], float] = time.time,
+                 idle_wake: float = 60.0):
+        self._make_runner = make_runner
+        self._clock = clock
+        self._idle_wake = idle_wake
+        self._snapshot: Snapshot | None = None
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._findings: collections.deque[Finding] = collections.deque(maxlen=1000)
+        self.reports: collections.deque[CleanupReport] = collections.deque(maxlen=100)
+        self.busy_since: float | None = None  # wall time the current run began
+        self._thread = threading.Thread(target=self._loop, name="trainguard-cleanup", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, snapshot: Snapshot) -> None:
+        with self._lock:
+            self._snapshot = snapshot
+        self._wake.set()
+
+    def drain(self) -> list[Finding]:
+        out = []
+        while self._findings:
+            out.append(self._findings.popleft())
+        return out
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        runner = self._make_runner()
+        scheduler = Scheduler(runner)
+        try:
+            while not self._stop.is_set():
+                self._wake.wait(self._idle_wake)
+                self._wake.clear()
+                if self._stop.is_set():
+                    break
+                with self._lock:
+                    snapshot = self._snapshot
+                for policy, trigger in scheduler.due(snapshot, self._clock()):
+                    if self._stop.is_set():
+                        break
+                    self.busy_since = self._clock()
+                    try:
+                        report = runner.run(policy, trigger=trigger)
+                    except Exception:  # one broken policy must not stop the others
+                        log.exception("cleanup %s failed", policy.name)
+                        continue
+                    finally:
+                        self.busy_since = None
+                    scheduler.ran(report, self._clock())
+                    self.reports.append(report)
+                    self._findings.extend(findings_for(report))
+        finally:
+            if runner.audit is not None:
+                runner.audit.flush()
+                runner.audit.conn.close()
+
+
+def make_runner_factory(policies: Sequence[Policy], connect: Callable[[], object], proc_root: str = "/proc"):
+    """A make_runner for CleanupWorker: audit connection opened on the worker thread."""
+
+    def make() -> CleanupRunner:
+        return CleanupRunner(policies, audit=AuditLog(connect()), proc_root=proc_root)
+
+    return make
