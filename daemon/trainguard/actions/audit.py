@@ -56,6 +56,7 @@ class AuditLog:
         self._totals: dict[str, list[int]] = {}
         conn.executescript(SCHEMA)
 
+
     def record(self, policy: str, mount: str, path: str, nbytes: int, files: int, reason: str) -> None:
         self._pending.append((self.clock(), policy, mount, path, nbytes, files, reason))
         total = self._totals.setdefault(policy, [0, 0])
@@ -70,7 +71,10 @@ class AuditLog:
         rows, totals = self._pending, self._totals
         self._pending, self._totals = [], {}
         now = self.clock()
-        with self.conn:
+        # Explicit transaction: the state database's connections are in autocommit mode,
+        # where a commit per row would dominate a large run.
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
             self.conn.executemany("INSERT INTO cleanup_audit VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
             for policy, (files, nbytes) in totals.items():
                 self.conn.execute(
@@ -79,28 +83,20 @@ class AuditLog:
                     "bytes = bytes + excluded.bytes, last_run = excluded.last_run",
                     (policy, files, nbytes, now),
                 )
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
 
     def prune(self) -> None:
-        with self.conn:
-            self.conn.execute("DELETE FROM cleanup_audit WHERE ts < ?", (self.clock() - self.retention,))
+        self.conn.execute("DELETE FROM cleanup_audit WHERE ts < ?", (self.clock() - self.retention,))
+        if self.conn.in_transaction:
+            self.conn.commit()
 
     def freed(self, *, window: float = 86400.0) -> list[Freed]:
         """Freed files/bytes per policy: in the last `window` seconds and in total."""
         self.flush()
-        since = self.clock() - window
-        recent = {
-            policy: (files, nbytes)
-            for policy, files, nbytes in self.conn.execute(
-                "SELECT policy, SUM(files), SUM(bytes) FROM cleanup_audit WHERE ts >= ? GROUP BY policy", (since,)
-            )
-        }
-        out = []
-        for policy, files, nbytes, last_run in self.conn.execute(
-            "SELECT policy, files, bytes, last_run FROM cleanup_totals ORDER BY policy"
-        ):
-            f24, b24 = recent.get(policy, (0, 0))
-            out.append(Freed(policy, f24 or 0, b24 or 0, files, nbytes, last_run))
-        return out
+        return read_freed(self.conn, self.clock(), window)
 
     def freed_on(self, mount: str, since: float) -> list[tuple[str, int, int]]:
         """(policy, files, bytes) freed on one mount since a time: for "what trainguard already did"."""
@@ -119,3 +115,16 @@ class AuditLog:
             args = (policy,)
         sql += " ORDER BY ts DESC, rowid DESC LIMIT ?"
         return list(self.conn.execute(sql, args + (limit,)))
+
+
+def read_freed(conn: sqlite3.Connection, now: float, window: float = 86400.0) -> list[Freed]:
+    """Freed per policy from a (read-only) connection, for `trainguard status`; [] before any cleanup."""
+    try:
+        recent = dict(((p, (f, b)) for p, f, b in conn.execute(
+            "SELECT policy, SUM(files), SUM(bytes) FROM cleanup_audit WHERE ts >= ? GROUP BY policy",
+            (now - window,))))
+        rows = list(conn.execute("SELECT policy, files, bytes, last_run FROM cleanup_totals ORDER BY policy"))
+    except sqlite3.OperationalError:  # no cleanup has ever run: the tables do not exist yet
+        return []
+    return [Freed(p, (recent.get(p) or (0, 0))[0] or 0, (recent.get(p) or (0, 0))[1] or 0, f, b, last)
+            for p, f, b, last in rows]
