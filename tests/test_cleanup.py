@@ -463,3 +463,87 @@ def test_scheduler_triggers_watermark_from_snapshot(tmp_path):
     s = Scheduler(r, statvfs=lambda p: pytest.fail("must use the snapshot"))
     assert s.due(snap(50), NOW) == []
     assert s.due(snap(90), NOW) == [(pol, "watermark")]
+
+
+# ------------------------------------------------------------------ daemon, CLI, status
+
+
+class Recorder:
+    def __init__(self):
+        self.events = []
+
+    def notify(self, events):
+        self.events.extend(events)
+
+    def close(self):
+        pass
+
+
+def test_daemon_runs_cleanup_off_the_cycle_and_alerts_what_it_freed(tmp_path):
+    from trainguard.service import Daemon
+
+    root = tmp_path / "scratch"
+    for i in range(3):
+        make(root / f"old{i}.dat", 4096, age=10 * DAY)
+    cfg = config.parse({
+        "general": {"state_dir": str(tmp_path / "state")},
+        "cleanup": [{"name": "scratch", "type": "age", "roots": [str(root)], "age_by": ["mtime"],
+                     "schedule": "1h", "grace": "0s"}],
+    }, "test")
+    recorder = Recorder()
+    daemon = Daemon(config.Loaded(cfg, "test"), notifiers=[recorder])
+    try:
+        daemon.cycle()
+        deadline = time.monotonic() + 20
+        while not daemon.cleanup.reports and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert daemon.cleanup.reports, "the cleanup worker never ran"
+        daemon.cycle()
+    finally:
+        daemon.close()
+    assert names(root) == set()
+    (event,) = [e for e in recorder.events if e.finding.key == "cleanup.report:scratch"]
+    assert "cleanup freed" in event.finding.summary and "(scratch: 3 files)" in event.finding.summary
+    conn = sqlite3.connect(tmp_path / "state" / "state.db")
+    assert conn.execute("SELECT COUNT(*) FROM cleanup_audit WHERE policy = 'scratch'").fetchone() == (3,)
+
+
+def run_cli(tmp_path, *args):
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "daemon")}
+    return subprocess.run([sys.executable, "-m", "trainguard", *args], capture_output=True, text=True,
+                          timeout=120, env=env)
+
+
+def test_cli_cleanup_dry_run_then_real_run_then_status(tmp_path):
+    root = tmp_path / "runs"
+    for step in range(1, 8):
+        make(root / "r" / f"step{step}.pt", 4096)
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(textwrap.dedent(f"""
+        [general]
+        state_dir = "{tmp_path / 'state'}"
+        [filesystems]
+        paths = ["{tmp_path}"]
+        [[cleanup]]
+        name = "ckpt"
+        type = "checkpoints"
+        roots = ["{root}"]
+        keep_last = 4
+        grace = "0s"
+    """))
+    before = listing(root)
+    dry = run_cli(tmp_path, "cleanup", "--config", str(cfg), "--dry-run", "--policy", "ckpt")
+    assert dry.returncode == 0, dry.stderr
+    assert listing(root) == before
+    assert dry.stdout.count("would delete") == 3 and "step1.pt" in dry.stdout and "keep_last=4" in dry.stdout
+    assert "would free 48.0 KiB" in dry.stdout or "would free 12.0 KiB" in dry.stdout
+    real = run_cli(tmp_path, "cleanup", "--config", str(cfg))
+    assert real.returncode == 0, real.stderr
+    assert names(root / "r") == {f"step{s}.pt" for s in (4, 5, 6, 7)}
+    unknown = run_cli(tmp_path, "cleanup", "--config", str(cfg), "--policy", "nope")
+    assert unknown.returncode == 2 and "ckpt" in unknown.stderr
+    status = run_cli(tmp_path, "status", "--config", str(cfg), "--json")
+    assert status.returncode == 0, status.stderr
+    import json
+    (entry,) = json.loads(status.stdout)["cleanup"]
+    assert entry["policy"] == "ckpt" and entry["freed_files_total"] == 3 and entry["freed_files_24h"] == 3

@@ -126,11 +126,67 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_cleanup(args: argparse.Namespace) -> int:
+    from trainguard.actions.audit import AuditLog
+    from trainguard.actions.cleanup import CleanupRunner, Item, describe
+    from trainguard.state import StateDb, choose_state_dir
+    from trainguard.units import format_bytes, format_duration
+
+    loaded = _load(args)
+    if loaded is None:
+        return EXIT_CONFIG
+    logging.basicConfig(level=logging.WARNING, format="trainguard: %(message)s")
+    policies = list(loaded.config.cleanup)
+    if args.policy:
+        chosen = [p for p in policies if p.name == args.policy]
+        if not chosen:
+            known = ", ".join(p.name for p in policies) or "none configured"
+            print(f"trainguard: no cleanup policy named {args.policy!r} (policies: {known})", file=sys.stderr)
+            return EXIT_CONFIG
+        if not chosen[0].enabled and not args.dry_run:
+            print(f"trainguard: policy {args.policy!r} is disabled (enabled = false); "
+                  "--dry-run shows what it would do", file=sys.stderr)
+            return EXIT_CONFIG
+    else:
+        chosen = [p for p in policies if p.enabled]
+        if not chosen:
+            print("no enabled cleanup policies (see [[cleanup]] in config.example.toml)")
+            return EXIT_OK
+    audit = None
+    if not args.dry_run:
+        db = StateDb(choose_state_dir(args.state_dir or loaded.config.general.state_dir))
+        audit = AuditLog(db.connect())
+    runner = CleanupRunner(chosen, audit=audit, proc_root=loaded.config.general.proc_root)
+    verb = "would delete" if args.dry_run else "deleted"
+
+    def show(item: Item) -> None:
+        kind = "dir " if item.unit else ""
+        print(f"{verb} {kind}{item.path}  {format_bytes(item.bytes)}  age {format_duration(item.age_s)}  {item.reason}")
+
+    status = EXIT_OK
+    for policy in chosen:
+        report = runner.run(policy, trigger="manual", dry_run=args.dry_run, on_item=show)
+        for root in report.roots:
+            line = f"  {root.root}: {root.files} files, {format_bytes(root.bytes)}"
+            if root.mount:
+                line += f" on {root.mount}"
+            if root.note:
+                line += f" ({root.note})"
+            print(line)
+        print(describe(report))
+        if report.guard:
+            status = EXIT_CRITICAL
+    if audit is not None:
+        audit.conn.close()
+    return status
+
+
 COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int]]] = {
     "run": ("run the daemon (or one cycle with --once)", cmd_run),
     "status": ("sample now and show mounts, trends and findings", cmd_status),
     "check-config": ("validate a config file and print the effective config", cmd_check_config),
     "diagnose": ("show what the processes on a GPU are doing or blocked on", cmd_diagnose),
+    "cleanup": ("run the cleanup policies once now (--dry-run: only list what would go)", cmd_cleanup),
 }
 
 
@@ -149,6 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
     parsers["diagnose"].add_argument("--json", action="store_true", help="the diagnosis as JSON")
     parsers["diagnose"].add_argument("--wait", type=float, default=2.0, metavar="SECONDS",
                                      help="time between the two readings that show whether I/O moves (default 2)")
+    parsers["cleanup"].add_argument("--dry-run", action="store_true",
+                                    help="list what would be deleted, why, and the bytes; touch nothing")
+    parsers["cleanup"].add_argument("--policy", metavar="NAME", help="only this policy (by its name)")
     return parser
 
 

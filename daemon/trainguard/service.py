@@ -11,7 +11,7 @@ import logging
 import os
 import signal
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from trainguard import config as configmod
@@ -20,10 +20,11 @@ from trainguard.clock import Clock, SystemClock
 from trainguard.detectors import DetectorInput, evaluate
 from trainguard.detectors.gpu import gpu_series
 from trainguard.diagnosis import StallDiagnoser
+from trainguard.actions.worker import CleanupWorker, make_runner_factory
 from trainguard.history import History
 from trainguard.notify import LogNotifier, Notifier
 from trainguard.logwatch import LogWatcher
-from trainguard.records import AlertEvent, Finding, NvmlState, NvmlStatus, Snapshot
+from trainguard.records import AlertEvent, AlertStatus, Finding, NvmlState, NvmlStatus, Snapshot
 from trainguard.samplers.diskstats import DiskstatsSampler
 from trainguard.samplers.fs import FsSampler
 from trainguard.samplers.gpu import GpuSampler, load_nvml
@@ -32,6 +33,7 @@ from trainguard.state import StateDb, choose_state_dir
 log = logging.getLogger(__name__)
 
 COMPACT_EVERY = 3600.0  # seconds between history roll-ups
+CLEANUP_NOTE_FOR = 6 * 3600.0  # a threshold alert mentions a cleanup on its mount for this long
 
 
 def series_of(snapshot: Snapshot) -> dict[str, float | None]:
@@ -133,6 +135,8 @@ class Daemon:
         self.stop_event = threading.Event()
         self.reload_event = threading.Event()
         self._last_compact = self.clock.monotonic()
+        self.cleanup_notes: dict[str, tuple[float, str]] = {}  # mount -> (when, what cleanup did there)
+        self.cleanup = self._start_cleanup(cfg)
 
     @property
     def config(self) -> configmod.Config:
@@ -142,11 +146,13 @@ class Daemon:
         started = self.clock.monotonic()
         now = self.clock.time()
         snapshot = self.samplers.sample(now)
+        if self.cleanup is not None:
+            self.cleanup.submit(snapshot)  # never blocks: the worker thread decides and scans
         self.history.record(now, series_of(snapshot))
         findings = evaluate(DetectorInput(self.config, self.history, snapshot, now, self.lifecycle.active))
         self.diagnoser.observe(snapshot)
         findings = self.diagnoser.enrich(findings, snapshot, now)
-        events = self.lifecycle.update(findings, now)
+        events = self._with_cleanup(self.lifecycle.update(findings, now), now)
         for notifier in self.notifiers:
             try:
                 notifier.notify(events)
@@ -157,6 +163,33 @@ class Daemon:
             self._last_compact = self.clock.monotonic()
         self.latest = CycleResult(snapshot, tuple(findings), tuple(events), self.clock.monotonic() - started)
         return self.latest
+
+    def _start_cleanup(self, cfg: configmod.Config) -> CleanupWorker | None:
+        policies = [p for p in cfg.cleanup if p.enabled]
+        if not policies:
+            return None
+        worker = CleanupWorker(make_runner_factory(policies, self.db.connect, cfg.general.proc_root),
+                               clock=self.clock.time)
+        worker.start()
+        return worker
+
+    def _with_cleanup(self, events: list[AlertEvent], now: float) -> list[AlertEvent]:
+        """Cleanup results are one-shot messages (no pending/resolved), and a threshold alert on
+        the same mount says what cleanup already did there."""
+        out = list(events)
+        if self.cleanup is not None:
+            for finding in self.cleanup.drain():
+                out.append(AlertEvent(AlertStatus.FIRING, finding, started_at=now, ts=now))
+                mount = finding.labels.get("mountpoint")
+                if mount and finding.key.startswith("cleanup.report:"):
+                    self.cleanup_notes[mount] = (now, finding.summary)
+        self.cleanup_notes = {m: n for m, n in self.cleanup_notes.items() if now - n[0] < CLEANUP_NOTE_FOR}
+        for i, event in enumerate(out):
+            mount = event.finding.labels.get("mountpoint")
+            if mount in self.cleanup_notes and event.finding.key.startswith("fs."):
+                details = {**event.finding.details, "action_taken": self.cleanup_notes[mount][1]}
+                out[i] = replace(event, finding=replace(event.finding, details=details))
+        return out
 
     def reload(self) -> bool:
         """Re-read the config file; a bad new config is reported and the old one kept."""
@@ -175,6 +208,9 @@ class Daemon:
                                         clock=self.clock.time)
         self.lifecycle.configure(repeat_interval=cfg.alerts.repeat_interval,
                                  keep_firing_for=cfg.alerts.keep_firing_for)
+        if self.cleanup is not None:
+            self.cleanup.stop()
+        self.cleanup = self._start_cleanup(cfg)
         log.info("configuration reloaded from %s", new.source)
         return True
 
@@ -215,6 +251,8 @@ class Daemon:
 
     def close(self) -> None:
         self.samplers.close()
+        if self.cleanup is not None:
+            self.cleanup.stop()
         for notifier in self.notifiers:
             try:
                 notifier.close()

@@ -11,6 +11,7 @@ import time
 from typing import Any, Sequence
 
 from trainguard import alerts, config as configmod, state
+from trainguard.actions.audit import read_freed
 from trainguard.clock import Clock, SystemClock
 from trainguard.detectors import DetectorInput, evaluate
 from trainguard.detectors.forecast import fill_trend
@@ -145,6 +146,11 @@ def build(cfg: configmod.Config, *, state_dir: str | None = None, clock: Clock |
             for s in sorted(alert_states, key=lambda s: s.key)
         ],
     }
+    doc["cleanup"] = [
+        {"policy": f.policy, "freed_bytes_24h": f.bytes_24h, "freed_files_24h": f.files_24h,
+         "freed_bytes_total": f.bytes_total, "freed_files_total": f.files_total, "last_run": _iso(f.last_run)}
+        for f in (read_freed(conn, now) if conn is not None else [])
+    ]
     if conn is not None:
         conn.close()
     return doc
@@ -188,6 +194,10 @@ def render(doc: dict[str, Any]) -> str:
         out.extend(f"  [{f['severity'].upper()}] {f['summary']}" for f in doc["findings"])
     else:
         out.append("Findings: none")
+    if doc.get("cleanup"):
+        out.append("Cleanup freed (last 24h / total):")
+        out.extend(f"  {c['policy']}: {format_bytes(c['freed_bytes_24h'])} / {format_bytes(c['freed_bytes_total'])}"
+                   f" ({c['freed_files_total']} files, last run {c['last_run']})" for c in doc["cleanup"])
     firing = [a for a in doc["alerts"] if a["state"] == "firing"]
     if firing:
         out.append("Alerts firing (daemon):")
