@@ -22,6 +22,7 @@ import errno
 import logging
 import math
 import os
+import stat as stat_mod
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Mapping, Sequence
@@ -399,40 +400,54 @@ class CleanupRunner:
 
     # ------------------------------------------------------------ age and caches
 
-    def _judge(self, policy: AgePolicy | CachePolicy, entry: walker.Entry, kind: sel.CacheKind | None,
-               run: _Run, now: float, plan: _AgePlan | None) -> tuple[float, int, int, bool] | None:
-        """(age_ts, bytes, files, is_unit) for an entry the policy could delete, else None."""
-        name, path, st = entry.name, entry.path, entry.st
-        if sel.matches(name, path, policy.exclude) or (kind and sel.matches_any_part(path, kind.exclude)):
-            if kind is not None and plan is not None and not entry.is_dir and sel.matches(name, path, kind.lock_globs):
-                if self.open_files.is_open(st.st_dev, st.st_ino):
-                    plan.busy = f"in use: {path} is held by a process"
-            return None
-        if entry.is_dir:
-            if kind is None or "/" in path or not sel.matches(name, path, kind.unit_globs):
+    def _judge_fn(self, policy: AgePolicy | CachePolicy, kind: sel.CacheKind | None, run: _Run, now: float,
+                  plan: _AgePlan | None) -> Callable[[walker.Entry], tuple[float, int, int, bool] | None]:
+        """A judge with the globs compiled and the times precomputed: it runs once per entry."""
+        excluded = sel.globset(policy.exclude)
+        wanted = sel.globset(policy.patterns)
+        kind_exclude = kind.exclude if kind else ()
+        locks = sel.globset(kind.lock_globs) if kind else None
+        units = sel.globset(kind.unit_globs) if kind else None
+        changed_after = now - policy.grace  # changed later than this: may still be being written
+        age_by = tuple(policy.age_by) if isinstance(policy, AgePolicy) else ("atime", "mtime", "ctime")
+        by_mtime = age_by == ("mtime",)
+        is_reg, is_lnk = stat_mod.S_ISREG, stat_mod.S_ISLNK
+
+        def judge(entry: walker.Entry) -> tuple[float, int, int, bool] | None:
+            name, path, st = entry.name, entry.path, entry.st
+            if excluded(name, path) or (kind_exclude and sel.matches_any_part(path, kind_exclude)):
+                if locks is not None and plan is not None and not entry.is_dir and locks(name, path):
+                    if self.open_files.is_open(st.st_dev, st.st_ino):
+                        plan.busy = f"in use: {path} is held by a process"
                 return None
-            try:
-                unit = walker.measure_unit(entry.dir_fd, name, st.st_dev, self.hook)
-            except OSError as exc:
-                run.skip(walker.classify_error(exc), path, exc.strerror or "")
+            if entry.is_dir:
+                if units is None or "/" in path or not units(name, path):
+                    return None
+                try:
+                    unit = walker.measure_unit(entry.dir_fd, name, st.st_dev, self.hook)
+                except OSError as exc:
+                    run.skip(walker.classify_error(exc), path, exc.strerror or "")
+                    return None
+                if unit.newest_change > changed_after:
+                    run.skip("grace", path)
+                    return None
+                if unit.multi_linked:
+                    run.skip("linked-elsewhere", path)  # e.g. a conda package hard-linked into an environment
+                    return None
+                if unit.problems:
+                    run.skip("unreadable", path)
+                    return None
+                return unit.newest_access, unit.bytes, unit.files, True
+            mode = st.st_mode
+            if not (is_reg(mode) or is_lnk(mode)) or not wanted(name, path):
                 return None
-            if now - unit.newest_change < policy.grace:
+            if st.st_mtime > changed_after or st.st_ctime > changed_after:
                 run.skip("grace", path)
                 return None
-            if unit.multi_linked:
-                run.skip("linked-elsewhere", path)  # e.g. a conda package hard-linked into an environment
-                return None
-            if unit.problems:
-                run.skip("unreadable", path)
-                return None
-            return unit.newest_access, unit.bytes, unit.files, True
-        if not sel.is_deletable_type(st) or not sel.matches(name, path, policy.patterns):
-            return None
-        if in_grace(st, now, policy.grace):
-            run.skip("grace", path)
-            return None
-        age_by = policy.age_by if isinstance(policy, AgePolicy) else ("atime", "mtime", "ctime")
-        return sel.age_timestamp(st, age_by), sel.freed_bytes(st), 1, False
+            ts = st.st_mtime if by_mtime else sel.age_timestamp(st, age_by)
+            return ts, (st.st_blocks * 512 if st.st_nlink <= 1 else 0), 1, False
+
+        return judge
 
     def _walk_age(self, policy, o: OpenedRoot, below: frozenset[str], kind, run: _Run, *, post_order: bool,
                   into_excluded: bool = False) -> Iterator[walker.Entry]:
@@ -458,8 +473,9 @@ class CleanupRunner:
         older_than = policy.older_than
         scratch = _Run(0, None)  # pass 1 skips are counted again in pass 2; count them once
         self.open_files.refresh()
+        judge = self._judge_fn(policy, kind, scratch, now, plan)
         for entry in self._walk_age(policy, o, below, kind, scratch, post_order=False, into_excluded=True):
-            judged = self._judge(policy, entry, kind, scratch, now, plan)
+            judged = judge(entry)
             if judged is None:
                 if not entry.is_dir and kind is not None:
                     plan.total_bytes += sel.freed_bytes(entry.st)
@@ -492,12 +508,16 @@ class CleanupRunner:
             min_age = older_than if older_than is not None else math.inf
         cap_left = plan.cap_need
         freed = 0
+        reason = sel.age_reason(policy, need is not None)
+        cap_reason = f"{policy.type}: over max_size {format_bytes(getattr(policy, 'max_size', 0) or 0)}, oldest first"
+        prefix = o.path.rstrip("/") + "/"
         remove_dirs = isinstance(policy, AgePolicy) and policy.remove_empty_dirs and need is None
+        judge = self._judge_fn(policy, kind, run, now, None)
         for entry in self._walk_age(policy, o, below, kind, run, post_order=remove_dirs):
             if entry.post:
                 self._remove_empty_dir(policy, o, mount, entry, run, dry_run, now)
                 continue
-            judged = self._judge(policy, entry, kind, run, now, None)
+            judged = judge(entry)
             if judged is None:
                 continue
             age_ts, nbytes, files, is_unit = judged
@@ -510,7 +530,7 @@ class CleanupRunner:
                 by_cap = True
             if need is not None and self._reached(o, need, freed, dry_run, policy.low):
                 return
-            path = os.path.join(o.path, entry.path)
+            path = prefix + entry.path
             if is_unit:
                 unit = walker.measure_unit(entry.dir_fd, entry.name, o.dev, self.hook)
                 if self.open_files.any_open(unit.inodes):
@@ -519,9 +539,7 @@ class CleanupRunner:
             elif self.open_files.is_open(entry.st.st_dev, entry.st.st_ino):
                 run.skip("open", path)
                 continue
-            reason = (f"over max_size {format_bytes(policy.max_size)}: oldest first, unused for {format_duration(age)}"
-                      if by_cap else sel.age_reason(policy, age))
-            item = Item(path, nbytes, files, reason, age, is_unit)
+            item = Item(path, nbytes, files, cap_reason if by_cap else reason, age, is_unit)
             if not dry_run:
                 try:
                     if self.hook is not None:

@@ -45,12 +45,39 @@ def matches_any_part(relpath: str, globs: Sequence[str]) -> bool:
     return any(fnmatch.fnmatchcase(part, glob) for part in relpath.split("/") for glob in globs)
 
 
+class GlobSet:
+    """Globs compiled into one regex each for names and for relative paths: one match call per entry."""
+
+    __slots__ = ("_name", "_path", "everything", "empty")
+
+    def __init__(self, globs: Sequence[str]):
+        names = [g for g in globs if "/" not in g]
+        paths = [g for g in globs if "/" in g]
+        self._name = re.compile("|".join(fnmatch.translate(g) for g in names)).match if names else None
+        self._path = re.compile("|".join(fnmatch.translate(g) for g in paths)).match if paths else None
+        self.everything = "*" in names
+        self.empty = not globs
+
+    def __call__(self, name: str, relpath: str) -> bool:
+        if self.everything:
+            return True
+        return bool((self._name is not None and self._name(name)) or (self._path is not None and self._path(relpath)))
+
+
+_GLOBSETS: dict[tuple[str, ...], GlobSet] = {}
+
+
+def globset(globs: Sequence[str]) -> GlobSet:
+    key = tuple(globs)
+    found = _GLOBSETS.get(key)
+    if found is None:
+        found = _GLOBSETS[key] = GlobSet(key)
+    return found
+
+
 def matches(name: str, relpath: str, globs: Sequence[str]) -> bool:
     """A glob matches the entry's name, or (if it has a '/') its path relative to the root."""
-    for glob in globs:
-        if fnmatch.fnmatchcase(relpath if "/" in glob else name, glob):
-            return True
-    return False
+    return globset(globs)(name, relpath)
 
 
 def freed_bytes(st: os.stat_result) -> int:
@@ -264,7 +291,9 @@ class AgeHistogram:
         return min_age, files, nbytes
 
 
-def age_reason(policy: AgePolicy | CachePolicy, age: float) -> str:
-    if policy.older_than is not None and age >= policy.older_than:
-        return f"unused for {format_duration(age)} (older_than {format_duration(policy.older_than)})"
-    return f"unused for {format_duration(age)} (oldest first)"
+def age_reason(policy: AgePolicy | CachePolicy, watermark: bool) -> str:
+    """One reason per run (the entry's own age is in the item): cheap for a million files."""
+    by = "/".join(policy.age_by) if isinstance(policy, AgePolicy) else "atime/mtime/ctime"
+    if watermark:
+        return f"{policy.type}: oldest first until the {policy.low:.0%} watermark (unused by {by})"
+    return f"{policy.type}: unused for more than {format_duration(policy.older_than)} (by {by})"
