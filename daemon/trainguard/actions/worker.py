@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 
 from trainguard.actions.audit import AuditLog
 from trainguard.actions.cleanup import CleanupReport, CleanupRunner, Policy, findings_for, usage_of
-from trainguard.records import Finding, FsUsage, Snapshot
+from trainguard.records import Finding, FsSample, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -24,18 +24,16 @@ log = logging.getLogger(__name__)
 WATERMARK_RETRY = 300.0
 
 
-def usage_for_path(snapshot: Snapshot | None, path: str) -> FsUsage | None:
-    """Usage of the filesystem holding path, from the snapshot (longest mount point prefix)."""
+def sample_for_path(snapshot: Snapshot | None, path: str) -> FsSample | None:
+    """The snapshot's sample of the filesystem holding path (longest mount point prefix)."""
     if snapshot is None:
         return None
     best, best_len = None, -1
     for sample in snapshot.filesystems:
-        mp = sample.mount.mount_point.rstrip("/") or "/"
-        if (path == mp or path.startswith(mp.rstrip("/") + "/")) and len(mp) > best_len:
+        mp = sample.mount.mount_point
+        if (mp == "/" or path == mp or path.startswith(mp.rstrip("/") + "/")) and len(mp) > best_len:
             best, best_len = sample, len(mp)
-    if best is None or not best.responsive or best.usage is None:
-        return None
-    return best.usage
+    return best
 
 
 class Scheduler:
@@ -61,12 +59,13 @@ class Scheduler:
         return out
 
     def _above_high(self, snapshot: Snapshot | None, root: str, high: float) -> bool:
-        usage = usage_for_path(snapshot, root)
-        if usage is None:
-            if snapshot is not None and any(root.startswith(s.mount.mount_point) and not s.responsive
-                                            for s in snapshot.filesystems):
-                return False  # never touch a filesystem whose probe hangs
-            try:
+        sample = sample_for_path(snapshot, root)
+        if sample is not None and (not sample.responsive or sample.usage is None):
+            return False  # never scan a filesystem whose probe hangs or fails
+        if sample is not None and sample.mount.mount_point != "/":
+            usage = sample.usage
+        else:
+            try:  # not watched (or only "/" matched): ask the filesystem itself, on this thread
                 usage = usage_of(self.statvfs(root))
             except OSError:
                 return False
