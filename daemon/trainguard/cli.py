@@ -16,13 +16,12 @@ EXIT_OK, EXIT_CRITICAL, EXIT_CONFIG = 0, 1, 2
 log = logging.getLogger("trainguard")
 
 
-def _common() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--config", "-c", metavar="PATH",
+def _add_common(parser: argparse.ArgumentParser, default: object) -> None:
+    parser.add_argument("--config", "-c", metavar="PATH", default=default,
                         help=f"config file (default: ${configmod.ENV_CONFIG}, else {configmod.DEFAULT_CONFIG_PATH} "
                              "if it exists, else built-in defaults)")
-    common.add_argument("--state-dir", metavar="DIR", help="state database directory (default: general.state_dir)")
-    return common
+    parser.add_argument("--state-dir", metavar="DIR", default=default,
+                        help="state database directory (default: general.state_dir)")
 
 
 def _load(args: argparse.Namespace) -> configmod.Loaded | None:
@@ -191,12 +190,14 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int]]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    common = _common()
-    parser = argparse.ArgumentParser(prog="trainguard", parents=[common],
-                                     description="Keeps long GPU training runs alive.")
+    parser = argparse.ArgumentParser(prog="trainguard", description="Keeps long GPU training runs alive.")
+    _add_common(parser, None)
     parser.add_argument("--version", action="version", version=f"trainguard {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    parsers = {name: sub.add_parser(name, help=help_, parents=[common]) for name, (help_, _) in COMMANDS.items()}
+    parsers = {name: sub.add_parser(name, help=help_) for name, (help_, _) in COMMANDS.items()}
+    for p in parsers.values():
+        # Accepted after the command too; SUPPRESS keeps a value given before the command.
+        _add_common(p, argparse.SUPPRESS)
     parsers["run"].add_argument("--once", action="store_true",
                                 help="one full cycle, print the findings, exit 1 if any is critical")
     parsers["status"].add_argument("--json", action="store_true", help="one JSON document (schema in README)")
@@ -214,10 +215,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    # A subcommand's default None must not hide a global option given before it.
-    for key in ("config", "state_dir"):
-        if getattr(args, key, None) is None:
-            setattr(args, key, getattr(parser.parse_known_args(argv)[0], key, None))
     try:
         return COMMANDS[args.command][1](args)
     except BrokenPipeError:  # `trainguard status | head`: the reader left, nothing is wrong

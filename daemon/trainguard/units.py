@@ -124,4 +124,5 @@ def format_ratio(r: float | None) -> str:
 # Annotated types for pydantic models; serialised back in the human form.
 Ratio = Annotated[float, BeforeValidator(parse_ratio), PlainSerializer(lambda v: f"{v * 100:g}%", return_type=str)]
 Bytes = Annotated[int, BeforeValidator(parse_bytes), PlainSerializer(lambda v: v, return_type=int)]
-Duration = Annotated[float, BeforeValidator(parse_duration), PlainSerializer(lambda v: f"{v:g}s", return_type=str)]
+Duration = Annotated[float, BeforeValidator(parse_duration),
+                     PlainSerializer(lambda v: f"{int(v)}s" if float(v).is_integer() else f"{v}s", return_type=str)]
