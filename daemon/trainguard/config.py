@@ -27,6 +27,7 @@ from pydantic import (
     model_validator,
 )
 
+from trainguard.redact import redact_url  # noqa: F401 - part of this module's interface
 from trainguard.units import Bytes, Duration, Ratio, parse_bytes
 
 if sys.version_info >= (3, 11):
@@ -135,12 +136,47 @@ class History(Strict):
 
 
 class NotifyTarget(Strict):
+    """One apprise URL. The URL carries tokens and passwords: it is only ever shown redacted."""
+
     name: str
     url: str
+    # The least severe alert this target receives ("critical": e-mail only for the worst).
+    severity: Literal["info", "warning", "critical"] = "info"
+    # Routing: when set, only alerts with one of these tags reach the target. An alert's tags are
+    # its detector ("fs.usage", "fs"), and its labels as "name=value" ("mountpoint=/data").
+    tags: list[str] = []
+    # Messages per minute; 0: the service's own limit (DingTalk robots: 20/min), else unlimited.
+    rate_limit: int = Field(0, ge=0)
+    timeout: Duration = 10.0  # one delivery attempt (connect and read) gives up after this
+
+    @model_validator(mode="after")
+    def _has_scheme(self) -> "NotifyTarget":
+        if "://" not in self.url:
+            raise ValueError(f"target {self.name!r}: url must be an apprise URL like dingtalk://... or "
+                             f"mailtos://... (value hidden)")
+        return self
 
 
 class Notify(Strict):
     targets: list[NotifyTarget] = []
+    # Wait this long after a new alert before sending, to batch others of the same cycle (0: send at once).
+    group_wait: Duration = 0.0
+    # After a message to a target, further alerts wait this long and go out together.
+    group_interval: Duration = 10.0
+    retry_initial: Duration = 10.0  # first retry after a failed delivery; doubles each time (with jitter) ...
+    retry_max: Duration = 600.0  # ... up to this
+    max_age: Duration = 24 * 3600.0  # an undelivered message older than this is given up (logged as an error)
+    max_pending: int = Field(10_000, ge=1)  # outbox bound: beyond it the oldest low-severity messages are dropped
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> "Notify":
+        names = [t.name for t in self.targets]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"target names must be unique: {', '.join(map(repr, duplicates))} repeated")
+        if self.retry_initial > self.retry_max:
+            raise ValueError("retry_initial is above retry_max")
+        return self
 
 
 class GpuOverride(Strict):
@@ -517,17 +553,6 @@ def load(path: str | None = None, environ: Mapping[str, str] | None = None) -> L
     if overrides:
         data = _merge(data, overrides)
     return Loaded(parse(data, source), source)
-
-
-def redact_url(url: str) -> str:
-    """dingtalk://secret@token/ -> dingtalk://***@***/ ; keeps the scheme and shape only."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return "***"
-    host_part, slash, _path = rest.partition("/")
-    if "@" in host_part:
-        return f"{scheme}://***@***{slash}"
-    return f"{scheme}://***{slash}"
 
 
 def dump(config: Config) -> dict[str, Any]:

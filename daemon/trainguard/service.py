@@ -24,6 +24,7 @@ from trainguard.actions.worker import CleanupWorker, make_runner_factory
 from trainguard.history import History
 from trainguard.notify import LogNotifier, Notifier
 from trainguard.logwatch import LogWatcher
+from trainguard.notify.worker import OutboxNotifier
 from trainguard.records import AlertEvent, AlertStatus, Finding, NvmlState, NvmlStatus, Snapshot
 from trainguard.samplers.diskstats import DiskstatsSampler
 from trainguard.samplers.fs import FsSampler
@@ -130,7 +131,11 @@ class Daemon:
         self.samplers = Samplers.from_config(cfg, self.clock, nvml=self.nvml, follow_logs=True)
         self.diagnoser = StallDiagnoser(cfg.general.proc_root, window=cfg.gpu.for_, py_spy=cfg.gpu.py_spy,
                                         clock=self.clock.time)
-        self.notifiers = list(self.notifiers) if self.notifiers is not None else [LogNotifier()]
+        if self.notifiers is not None:
+            self.notifiers = list(self.notifiers)
+        else:
+            self.notifiers = [LogNotifier()]
+            self._configure_outbox(cfg)
         self.latest: CycleResult | None = None
         self.stop_event = threading.Event()
         self.reload_event = threading.Event()
@@ -211,6 +216,7 @@ class Daemon:
         if self.cleanup is not None:
             self.cleanup.stop()
         self.cleanup = self._start_cleanup(cfg)
+        self._configure_outbox(cfg)
         log.info("configuration reloaded from %s", new.source)
         return True
 
@@ -220,6 +226,14 @@ class Daemon:
         if cfg.gpu.enabled and cfg.gpu.interval:
             return min(cfg.general.interval, cfg.gpu.interval)
         return cfg.general.interval
+
+    def _configure_outbox(self, cfg: configmod.Config) -> None:
+        """Alert delivery through the outbox, when notify targets are configured (apprise loads on first send)."""
+        outbox = next((n for n in self.notifiers if isinstance(n, OutboxNotifier)), None)
+        if outbox is not None:
+            outbox.configure(cfg.notify, cfg.general.host)
+        elif cfg.notify.targets:
+            self.notifiers.append(OutboxNotifier(self.db, cfg.notify, cfg.general.host, clock=self.clock))
 
     def run(self) -> None:
         """Cycle every interval until stop_event is set. Ticks are on the monotonic clock."""
