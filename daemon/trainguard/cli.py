@@ -120,6 +120,11 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     except configmod.ConfigError as exc:
         print(f"invalid configuration:\n{exc}", file=sys.stderr)
         return EXIT_CONFIG
+    problems = _check_targets(loaded.config.notify.targets)
+    if problems:
+        print("invalid configuration:\n" + "\n".join(f"{loaded.source}: notify.targets: {p}" for p in problems),
+              file=sys.stderr)
+        return EXIT_CONFIG
     print(f"# valid: {loaded.source}")
     print(json.dumps(configmod.dump(loaded.config), indent=2))
     return EXIT_OK
@@ -180,12 +185,77 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     return status
 
 
+def _check_targets(targets: Sequence[configmod.NotifyTarget]) -> list[str]:
+    """Each URL as apprise reads it (unknown scheme, bad token), named by target and redacted."""
+    if not targets:
+        return []
+    from trainguard.notify.apprise_sender import AppriseSender
+    from trainguard.redact import Redactor
+
+    sender = AppriseSender(Redactor(t.url for t in targets))
+    return [p for p in (sender.check(t) for t in targets) if p]
+
+
+def cmd_test_alert(args: argparse.Namespace) -> int:
+    """Send a real message to each target now (not through the outbox) and say what happened."""
+    import time
+
+    from trainguard.notify.apprise_sender import AppriseSender
+    from trainguard.notify.messages import compose
+    from trainguard.records import AlertEvent, AlertStatus, Finding, Severity
+    from trainguard.redact import Redactor, redact_url
+
+    loaded = _load(args)
+    if loaded is None:
+        return EXIT_CONFIG
+    logging.basicConfig(level=logging.WARNING, format="trainguard: %(message)s")
+    cfg = loaded.config
+    targets = cfg.notify.targets
+    if args.target:
+        targets = [t for t in targets if t.name in args.target]
+        unknown = sorted(set(args.target) - {t.name for t in targets})
+        if unknown:
+            names = ", ".join(repr(t.name) for t in cfg.notify.targets) or "none configured"
+            print(f"trainguard: no notify target named {', '.join(map(repr, unknown))} (targets: {names})",
+                  file=sys.stderr)
+            return EXIT_CONFIG
+    if not targets:
+        print(f"trainguard: no notify targets in {loaded.source}; add a [[notify.targets]] table "
+              "(see config.example.toml)", file=sys.stderr)
+        return EXIT_CONFIG
+    host = cfg.general.host
+    severity = Severity(args.severity)
+    now = time.time()
+    finding = Finding(
+        key="trainguard.test", severity=severity,
+        summary=f"test alert from trainguard on {host}: if you can read this, delivery works",
+        details={"host": host, "config": loaded.source, "sent_by": "trainguard test-alert"},
+        hint="nothing to do; real alerts look like this one")
+    message = compose(host, [AlertEvent(AlertStatus.FIRING, finding, started_at=now, ts=now)])
+    sender = AppriseSender(Redactor(t.url for t in cfg.notify.targets))
+    failed = 0
+    for target in targets:
+        started = time.monotonic()
+        delivery = sender.send(target, message)
+        took = time.monotonic() - started
+        note = ""
+        if severity.rank < Severity(target.severity).rank:
+            note = f" (note: real {severity.value} alerts are not sent here: severity floor is {target.severity})"
+        if delivery.ok:
+            print(f"{target.name}: delivered in {took:.1f}s via {redact_url(target.url)}{note}")
+        else:
+            failed += 1
+            print(f"{target.name}: FAILED via {redact_url(target.url)}: {delivery.reason}")
+    return EXIT_CRITICAL if failed else EXIT_OK
+
+
 COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int]]] = {
     "run": ("run the daemon (or one cycle with --once)", cmd_run),
     "status": ("sample now and show mounts, trends and findings", cmd_status),
     "check-config": ("validate a config file and print the effective config", cmd_check_config),
     "diagnose": ("show what the processes on a GPU are doing or blocked on", cmd_diagnose),
     "cleanup": ("run the cleanup policies once now (--dry-run: only list what would go)", cmd_cleanup),
+    "test-alert": ("send a test message to each notify target and report delivered / failed", cmd_test_alert),
 }
 
 
@@ -209,6 +279,10 @@ def build_parser() -> argparse.ArgumentParser:
     parsers["cleanup"].add_argument("--dry-run", action="store_true",
                                     help="list what would be deleted, why, and the bytes; touch nothing")
     parsers["cleanup"].add_argument("--policy", metavar="NAME", help="only this policy (by its name)")
+    parsers["test-alert"].add_argument("--target", "-t", action="append", metavar="NAME",
+                                       help="only this target (repeat for more; default: all)")
+    parsers["test-alert"].add_argument("--severity", choices=["info", "warning", "critical"], default="warning",
+                                       help="severity of the test message (default: warning)")
     return parser
 
 

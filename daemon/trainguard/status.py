@@ -151,9 +151,33 @@ def build(cfg: configmod.Config, *, state_dir: str | None = None, clock: Clock |
          "freed_bytes_total": f.bytes_total, "freed_files_total": f.files_total, "last_run": _iso(f.last_run)}
         for f in (read_freed(conn, now) if conn is not None else [])
     ]
+    doc["outbox"] = outbox_doc(conn, cfg, now)
     if conn is not None:
         conn.close()
     return doc
+
+
+def outbox_doc(conn, cfg: configmod.Config, now: float) -> dict[str, Any]:
+    """Undelivered and recently delivered alerts, per notify target (times as ISO, no URLs)."""
+    from trainguard.notify.outbox import summary
+
+    s = summary(conn, now)
+    configured = [t.name for t in cfg.notify.targets]
+    targets = [{"name": name, "configured": name in configured, **{k: v for k, v in t.items() if k != "next_try"},
+                "next_try_at": _iso(t["next_try"])}
+               for name, t in sorted({**{n: summary_target_zero() for n in configured}, **s["targets"]}.items())]
+    return {
+        "pending": s["pending"], "failed_24h": s["failed_24h"], "delivered_24h": s["delivered_24h"],
+        "dropped": s["dropped"],
+        "retrying": [{"target": r["target"], "messages": r["messages"], "attempts": r["attempts"],
+                      "next_try_at": _iso(r["next_try"]), "oldest_at": _iso(r["oldest"]),
+                      "last_error": r["last_error"]} for r in s["retrying"]],
+        "targets": targets,
+    }
+
+
+def summary_target_zero() -> dict[str, Any]:
+    return {"pending": 0, "retrying": 0, "failed_24h": 0, "delivered_24h": 0, "next_try": None}
 
 
 def _table(rows: list[list[str]]) -> str:
@@ -202,4 +226,16 @@ def render(doc: dict[str, Any]) -> str:
     if firing:
         out.append("Alerts firing (daemon):")
         out.extend(f"  [{a['severity'].upper()}] {a['summary']} since {a['firing_since']}" for a in firing)
+    box = doc.get("outbox")
+    if box and (box["targets"] or box["pending"] or box["dropped"]):
+        out += ["", f"Notifications: {box['pending']} pending, {len(box['retrying'])} target(s) retrying, "
+                    f"{box['failed_24h']} failed and {box['delivered_24h']} delivered in the last 24 h"
+                    + (f", {box['dropped']} dropped (outbox full)" if box["dropped"] else "")]
+        rows = [["TARGET", "PENDING", "RETRYING", "NEXT TRY", "FAILED 24H", "DELIVERED 24H"]]
+        for t in box["targets"]:
+            rows.append([t["name"] + ("" if t["configured"] else " (removed)"), str(t["pending"]),
+                         str(t["retrying"]), t["next_try_at"] or "-", str(t["failed_24h"]), str(t["delivered_24h"])])
+        out.append(_table(rows))
+        for r in box["retrying"]:
+            out.append(f"  {r['target']}: attempt {r['attempts']} failed: {r['last_error']}")
     return "\n".join(out)
