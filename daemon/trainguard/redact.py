@@ -15,7 +15,7 @@ from urllib.parse import parse_qsl, quote, quote_plus, unquote
 
 MASK = "***"
 # Query keys whose values shape the delivery rather than authenticate it.
-_PLAIN_QUERY_KEYS = frozenset({"mode", "format", "method", "overflow", "verify", "cto", "rto"})
+_PLAIN_QUERY_KEYS = frozenset({"mode", "format", "method", "overflow", "verify", "cto", "rto", "smtp"})
 _MIN_FRAGMENT = 3  # shorter pieces are not secrets worth hiding, and would mangle every line
 _HOSTNAME = re.compile(r"^(localhost|\[[0-9a-fA-F:.]+\]|[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+)(:\d+)?$")
 
