@@ -255,3 +255,19 @@ def test_token_bucket_refills_at_its_rate():
     assert bucket.wait_time() == pytest.approx(3.0)
     t[0] = 3.0
     assert bucket.wait_time() == 0.0
+
+
+def test_a_down_target_is_tried_once_per_backoff_not_once_per_batch(http_receiver, tmp_path):
+    clock = FakeClock()
+    notifier = OutboxNotifier(StateDb(str(tmp_path)), settings(f"json://127.0.0.1:{http_receiver.port}/h"), HOST,
+                              clock=clock, random=lambda: 0.0, start=False)
+    worker = notifier.workers["hook"]
+    notifier.notify([firing(finding(f"fs.usage:/d{i}"), clock.now) for i in range(60)])  # three messages' worth
+    http_receiver.fail_next(1, status=503)
+    next_at = worker.step()
+    assert len(http_receiver.requests) == 1 and next_at == clock.now + 5.0
+    assert worker.step() == next_at and len(http_receiver.requests) == 1  # woken early: still waits
+    clock.advance_to(next_at)
+    assert worker.step() is None
+    assert [len(r.json()["alerts"]) for r in http_receiver.requests[1:]] == [20, 20, 20]
+    notifier.close()

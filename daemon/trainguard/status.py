@@ -169,7 +169,7 @@ def outbox_doc(conn, cfg: configmod.Config, now: float) -> dict[str, Any]:
     return {
         "pending": s["pending"], "failed_24h": s["failed_24h"], "delivered_24h": s["delivered_24h"],
         "dropped": s["dropped"],
-        "retrying": [{"target": r["target"], "messages": r["messages"], "attempts": r["attempts"],
+        "retrying": [{"target": r["target"], "alerts": r["alerts"], "attempts": r["attempts"],
                       "next_try_at": _iso(r["next_try"]), "oldest_at": _iso(r["oldest"]),
                       "last_error": r["last_error"]} for r in s["retrying"]],
         "targets": targets,

@@ -102,17 +102,18 @@ class Outbox:
         self.conn.execute("INSERT INTO outbox_counters (name, value) VALUES (?, ?) "
                           "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value", (name, n))
 
-    def due(self, target: str, now: float, limit: int) -> list[Entry]:
+    def due(self, target: str, now: float, limit: int, created_upto: float | None = None) -> list[Entry]:
         """The oldest due rows of one target, all for the same host (one message)."""
+        upto = now if created_upto is None else created_upto
         first = self.conn.execute(
-            "SELECT host FROM outbox WHERE state = ? AND target = ? AND next_try <= ? ORDER BY id LIMIT 1",
-            (PENDING, target, now)).fetchone()
+            "SELECT host FROM outbox WHERE state = ? AND target = ? AND next_try <= ? AND created <= ? "
+            "ORDER BY id LIMIT 1", (PENDING, target, now, upto)).fetchone()
         if first is None:
             return []
         rows = self.conn.execute(
             "SELECT id, target, host, created, status, started_at, ts, repeat, finding, attempts, next_try, "
-            "last_error FROM outbox WHERE state = ? AND target = ? AND host = ? AND next_try <= ? "
-            "ORDER BY id LIMIT ?", (PENDING, target, first[0], now, limit)).fetchall()
+            "last_error FROM outbox WHERE state = ? AND target = ? AND host = ? AND next_try <= ? AND created <= ? "
+            "ORDER BY id LIMIT ?", (PENDING, target, first[0], now, upto, limit)).fetchall()
         return [_entry(r) for r in rows]
 
     def next_due(self, target: str) -> float | None:
@@ -195,7 +196,7 @@ def summary(conn: sqlite3.Connection | None, now: float) -> dict[str, Any]:
         doc["pending"] += int(fresh or 0) + int(retry or 0)
         doc["failed_24h"] += int(failed or 0)
         doc["delivered_24h"] += int(delivered or 0)
-    doc["retrying"] = [{"target": t, "messages": n, "attempts": a, "next_try": nt, "oldest": oldest,
+    doc["retrying"] = [{"target": t, "alerts": n, "attempts": a, "next_try": nt, "oldest": oldest,
                         "last_error": err} for t, n, a, nt, oldest, err in retrying]
     doc["dropped"] = int(counters.get("dropped", 0))
     return doc

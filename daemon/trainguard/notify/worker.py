@@ -98,12 +98,14 @@ class TargetWorker:
 
     def step(self) -> float | None:
         """Send everything due now. Returns the wall time of the next thing to do, None when idle."""
-        now = self.clock.time()
+        started = now = self.clock.time()
         self._give_up_old(now)
         if now >= self.not_before:
+            # A backlog goes out back to back (paced by the rate limit); alerts that arrive while this
+            # runs wait for the next step, which honours group_interval.
             while not self._stop.is_set() or time.monotonic() < self._drain_until:
                 now = self.clock.time()
-                entries = self.outbox.due(self.name, now, MAX_LISTED)
+                entries = self.outbox.due(self.name, now, MAX_LISTED, created_upto=started)
                 if not entries:
                     break
                 wait = self.bucket.wait_time()
@@ -135,6 +137,7 @@ class TargetWorker:
         attempts = max(e.attempts for e in entries) + 1
         delay = backoff(attempts, self.settings.retry_initial, self.settings.retry_max, self.random)
         self.outbox.retry(ids, done + delay, reason)
+        self.not_before = done + delay  # the target is down: the rest of its queue waits too, not just this batch
         log.warning("target %r: delivery failed (attempt %d), retrying in %s: %s", self.name, attempts,
                     format_duration(delay), reason)
         return False
