@@ -3,6 +3,7 @@ check-config, and that no secret of a URL shows up in anything they print."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -12,7 +13,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 from tests.support.http_receiver import HttpReceiver
 
@@ -176,7 +176,6 @@ url = "mailtos://ops:hunter2pass@example.com:{mail_port}?smtp=127.0.0.1&mode=ins
         assert "Notifications:" in result.stdout and "broken-hook" in result.stdout
         result = run_cli("status", "--config", str(config), "--json")
         outputs.append(result.stdout + result.stderr)
-        import json
 
         box = json.loads(result.stdout)["outbox"]
         assert {r["target"] for r in box["retrying"]} == {"broken-hook", "mail"}

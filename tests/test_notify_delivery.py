@@ -271,3 +271,17 @@ def test_a_down_target_is_tried_once_per_backoff_not_once_per_batch(http_receive
     assert worker.step() is None
     assert [len(r.json()["alerts"]) for r in http_receiver.requests[1:]] == [20, 20, 20]
     notifier.close()
+
+
+def test_reload_keeps_unchanged_targets_and_fails_alerts_of_removed_ones(tmp_path):
+    two = config.parse({"notify": {"targets": [{"name": "a", "url": "json://127.0.0.1:9/a"},
+                                               {"name": "b", "url": "json://127.0.0.1:9/b"}]}}, "t").notify
+    notifier = OutboxNotifier(StateDb(str(tmp_path)), two, HOST, clock=FakeClock(), start=False)
+    worker_a = notifier.workers["a"]
+    notifier.notify([firing(finding(), 1.0)])
+    one = config.parse({"notify": {"targets": [{"name": "a", "url": "json://127.0.0.1:9/a"}]}}, "t").notify
+    notifier.configure(one, HOST)
+    assert notifier.workers == {"a": worker_a}
+    states = dict(notifier.outbox.conn.execute("SELECT target, state FROM outbox").fetchall())
+    assert states == {"a": "pending", "b": "failed"}
+    notifier.close()

@@ -163,9 +163,9 @@ def outbox_doc(conn, cfg: configmod.Config, now: float) -> dict[str, Any]:
 
     s = summary(conn, now)
     configured = [t.name for t in cfg.notify.targets]
+    per_target = {**{n: summary_target_zero() for n in configured}, **s["targets"]}
     targets = [{"name": name, "configured": name in configured, **{k: v for k, v in t.items() if k != "next_try"},
-                "next_try_at": _iso(t["next_try"])}
-               for name, t in sorted({**{n: summary_target_zero() for n in configured}, **s["targets"]}.items())]
+                "next_try_at": _iso(t["next_try"])} for name, t in sorted(per_target.items())]
     return {
         "pending": s["pending"], "failed_24h": s["failed_24h"], "delivered_24h": s["delivered_24h"],
         "dropped": s["dropped"],

@@ -80,7 +80,8 @@ def _order(events: Sequence[AlertEvent]) -> list[AlertEvent]:
 
 def _status_line(event: AlertEvent) -> str:
     if event.status is AlertStatus.RESOLVED:
-        return f"Resolved at {_when(event.ts)}; it lasted {format_duration(event.duration_s)} (since {_when(event.started_at)})"
+        return (f"Resolved at {_when(event.ts)}; it lasted {format_duration(event.duration_s)} "
+                f"(since {_when(event.started_at)})")
     if event.repeat:
         return f"Still firing since {_when(event.started_at)} ({format_duration(event.duration_s)})"
     return f"Firing since {_when(event.started_at)}"

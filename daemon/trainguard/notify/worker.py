@@ -146,7 +146,8 @@ class TargetWorker:
         old = self.outbox.expired(self.name, now - self.settings.max_age)
         if old:
             last = self.redactor(old[-1].last_error or "never attempted")
-            self.outbox.fail([e.id for e in old], now, f"gave up after {format_duration(self.settings.max_age)}: {last}")
+            age = format_duration(self.settings.max_age)
+            self.outbox.fail([e.id for e in old], now, f"gave up after {age}: {last}")
             log.error("target %r: gave up on %d undelivered alert(s) older than %s; last error: %s", self.name,
                       len(old), format_duration(self.settings.max_age), last)
 
@@ -203,7 +204,11 @@ class OutboxNotifier:
         """(Re)build the targets: on start and on reload. Rows of removed targets are failed, not kept forever."""
         with self._lock:
             old, self.workers = self.workers, {}
-            changed = settings != self.settings or host != self.host
+            # Workers hold the delivery settings: if those changed, every target restarts.
+            def delivery(n: Notify) -> Notify:
+                return n.model_copy(update={"targets": []})
+
+            changed = self.settings is None or host != self.host or delivery(settings) != delivery(self.settings)
             self.settings, self.host = settings, host
             self.redactor = Redactor(t.url for t in settings.targets)
             if isinstance(self.sender, AppriseSender):
