@@ -16,7 +16,7 @@ def test_title_and_body_say_what_where_how_bad_what_was_done_and_what_next():
                 hint="move checkpoints to the data disk")
     m = compose("gpu-07", [AlertEvent(AlertStatus.FIRING, f, started_at=T0, ts=T0)])
     assert m.title == "[CRITICAL] gpu-07: /root/autodl-tmp 96.1% full, ~40m left"
-    assert "avail bytes: 2.0 GiB" in m.text and "used ratio: 96.1%" in m.text and "eta seconds: 40m" in m.text
+    assert "avail: 2.0 GiB" in m.text and "used: 96.1%" in m.text and "eta: 40m" in m.text
     assert "Action taken: cleanup freed 12.0 GiB" in m.text
     assert "Next step: move checkpoints to the data disk" in m.text
     assert "action taken:" not in m.text  # shown once, as the action, not as a raw fact

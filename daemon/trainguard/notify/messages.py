@@ -57,9 +57,22 @@ def format_detail(name: str, value: Any) -> str:
     return str(value)
 
 
+_UNIT_SUFFIXES = ("_bytes_per_second", "_bytes_per_s", "_bytes", "_ratio", "_seconds")
+
+
+def fact_label(name: str) -> str:
+    """"eta_seconds" -> "eta": the value already carries its unit ("40m")."""
+    for suffix in _UNIT_SUFFIXES:
+        if name.endswith(suffix) and len(name) > len(suffix):
+            name = name[: -len(suffix)] + ("/s" if "per" in suffix else "")
+            break
+    return name.replace("_", " ")
+
+
 def _facts(f: Finding) -> list[tuple[str, str]]:
-    return [(name.replace("_", " "), format_detail(name, value)) for name, value in f.details.items()
-            if name != "action_taken"]
+    # diagnosis is structured data for JSON receivers; people get its verdict (a detail of its own)
+    return [(fact_label(name), format_detail(name, value)) for name, value in f.details.items()
+            if name not in ("action_taken", "diagnosis")]
 
 
 def _headline(event: AlertEvent) -> str:
