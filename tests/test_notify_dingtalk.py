@@ -87,7 +87,7 @@ def test_signed_markdown_request(dingtalk):
     assert payload["markdown"]["title"] == "[CRITICAL] gpu-07: /root/autodl-tmp 96.1% full, ~40m left"
     text = payload["markdown"]["text"]
     assert text.startswith("# [CRITICAL] gpu-07: /root/autodl-tmp 96.1% full, ~40m left\n")
-    assert "- eta seconds: **40m**" in text
+    assert "- eta: **40m**" in text
     assert "**Action taken:** cleanup freed 12 GiB" in text
     assert "**Next step:** move checkpoints to the data disk" in text
     assert call["headers"]["Content-Type"] == "application/json"

@@ -36,7 +36,7 @@ def test_plain_smtp_mail_has_subject_body_and_recipients():
     assert mail.mail_from == "trainguard@example.com" and not mail.tls
     assert mail.subject == "[CRITICAL] gpu-07: /data 96.1% full, 2.0 GiB free"
     assert mail.message.get_content_type() == "text/plain"
-    assert "used ratio: 96.1%" in mail.body and "Next step: delete old checkpoints" in mail.body
+    assert "used: 96.1%" in mail.body and "Next step: delete old checkpoints" in mail.body
 
 
 def test_starttls_with_login(tmp_path):
