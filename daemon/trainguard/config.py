@@ -52,6 +52,9 @@ class General(Strict):
     interval: Duration = 10.0
     proc_root: str = "/proc"  # a sidecar points these at /host/proc, /host/sys
     sys_root: str = "/sys"
+    # Where the host's / is visible (a sidecar bind-mounts it at /host/root): statfs of a host
+    # mount point goes through this prefix. Mount points in reports stay host paths.
+    host_root: str = "/"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @property
@@ -420,7 +423,31 @@ DEFAULT_CLEANUP = [AgePolicy(name="tmp", type="age", enabled=False)]
 
 
 class Metrics(Strict):
-    listen: str = "127.0.0.1:9842"
+    """Prometheus /metrics endpoint. listen = "" turns it off."""
+
+    listen: str = "127.0.0.1:9842"  # "host:port", "[::1]:port" or ":port" (all addresses)
+
+    @field_validator("listen")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        value = value.strip()
+        if value:
+            parse_listen(value)
+        return value
+
+    @property
+    def address(self) -> tuple[str, int] | None:
+        """(host, port) to bind, or None when the endpoint is off."""
+        return parse_listen(self.listen) if self.listen else None
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """"127.0.0.1:9842" -> ("127.0.0.1", 9842); "[::1]:9842" -> ("::1", 9842); ":9842" -> ("0.0.0.0", 9842)."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"expected host:port with a port 1-65535, e.g. 127.0.0.1:9842 (got {value!r})")
+    host = host.strip("[]") or "0.0.0.0"
+    return host, int(port)
 
 
 class Config(Strict):

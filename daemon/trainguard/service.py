@@ -19,8 +19,10 @@ from trainguard.alerts import Lifecycle
 from trainguard.clock import Clock, SystemClock
 from trainguard.detectors import DetectorInput, evaluate
 from trainguard.detectors.gpu import gpu_series
+from trainguard.detectors.forecast import fill_trend
 from trainguard.diagnosis import StallDiagnoser
 from trainguard.actions.worker import CleanupWorker, make_runner_factory
+from trainguard.exporter import MetricsServer, Readings
 from trainguard.history import History
 from trainguard.notify import LogNotifier, Notifier
 from trainguard.logwatch import LogWatcher
@@ -29,6 +31,7 @@ from trainguard.records import AlertEvent, AlertStatus, Finding, NvmlState, Nvml
 from trainguard.samplers.diskstats import DiskstatsSampler
 from trainguard.samplers.fs import FsSampler
 from trainguard.samplers.gpu import GpuSampler, load_nvml
+from trainguard.sdnotify import SdNotifier
 from trainguard.state import StateDb, choose_state_dir
 
 log = logging.getLogger(__name__)
@@ -53,6 +56,35 @@ def series_of(snapshot: Snapshot) -> dict[str, float | None]:
         values[f"disk.read_bps:{d.name}"] = d.read_bytes_per_s
     values.update(gpu_series(snapshot))
     return values
+
+
+def fill_etas(snapshot: Snapshot, history: History, cfg: configmod.Config, now: float) -> dict[str, float]:
+    """Seconds to full per filling mount, fitted exactly as the forecast detector and `status` do."""
+    etas: dict[str, float] = {}
+    if not cfg.forecast.enabled:
+        return etas
+    for s in snapshot.filesystems:
+        if not s.responsive or s.usage is None or s.usage.size_bytes <= 0:
+            continue
+        mp = s.mount.mount_point
+        points = history.points(f"fs.avail_bytes:{mp}", now - cfg.forecast.window)
+        trend = fill_trend(points, s.usage.size_bytes, now, cfg.forecast.window, cfg.forecast.min_span)
+        if trend is not None and trend.eta is not None:
+            etas[mp] = trend.eta
+    return etas
+
+
+def status_line(snapshot: Snapshot, firing: int) -> str:
+    """The one line systemctl status shows: "3 mounts, 2 GPUs, 1 firing"."""
+    mounts = len(snapshot.filesystems)
+    parts = [f"{mounts} mount{'s' if mounts != 1 else ''}"]
+    stuck = sum(1 for s in snapshot.filesystems if not s.responsive)
+    if stuck:
+        parts[0] += f" ({stuck} unresponsive)"
+    gpus = len(getattr(snapshot, "gpus", ()))
+    parts.append(f"{gpus} GPU{'s' if gpus != 1 else ''}")
+    parts.append(f"{firing} firing")
+    return ", ".join(parts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +120,7 @@ class Samplers:
         return cls(
             fs=FsSampler(clock=clock, proc_root=cfg.general.proc_root, paths=fs.paths, exclude=fs.exclude,
                          include_fstypes=fs.include_fstypes, timeout=fs.probe_timeout,
-                         wait=min(1.0, cfg.general.interval / 2)),
+                         wait=min(1.0, cfg.general.interval / 2), host_root=cfg.general.host_root),
             disks=DiskstatsSampler(clock=clock, proc_root=cfg.general.proc_root),
             gpu=gpu_sampler(cfg, clock, nvml),
             logs=logs,
@@ -119,6 +151,7 @@ class Daemon:
     state_dir: str | None = None  # --state-dir; else the config's, with a fallback
     notifiers: Sequence[Notifier] | None = None
     nvml: object = None  # the pynvml module; None: the installed one
+    sd: SdNotifier = field(default_factory=SdNotifier)
 
     def __post_init__(self) -> None:
         cfg = self.config
@@ -137,6 +170,10 @@ class Daemon:
             self.notifiers = [LogNotifier()]
             self._configure_outbox(cfg)
         self.latest: CycleResult | None = None
+        # Swapped as a whole each cycle: a scrape reads one consistent, immutable reference.
+        self.readings: Readings | None = None
+        self.metrics: MetricsServer | None = None
+        self._ready_sent = False
         self.stop_event = threading.Event()
         self.reload_event = threading.Event()
         self._last_compact = self.clock.monotonic()
@@ -166,7 +203,9 @@ class Daemon:
         if self.clock.monotonic() - self._last_compact >= COMPACT_EVERY:
             self.history.compact(now)
             self._last_compact = self.clock.monotonic()
-        self.latest = CycleResult(snapshot, tuple(findings), tuple(events), self.clock.monotonic() - started)
+        duration = self.clock.monotonic() - started
+        self.latest = CycleResult(snapshot, tuple(findings), tuple(events), duration)
+        self.readings = self._readings(self.latest, now)
         return self.latest
 
     def _start_cleanup(self, cfg: configmod.Config) -> CleanupWorker | None:
@@ -196,6 +235,39 @@ class Daemon:
                 out[i] = replace(event, finding=replace(event.finding, details=details))
         return out
 
+    def _readings(self, result: CycleResult, now: float) -> Readings:
+        firing: dict[str, int] = {}
+        for state in self.lifecycle.firing():
+            firing[state.severity.value] = firing.get(state.severity.value, 0) + 1
+        return Readings(
+            snapshot=result.snapshot, ts=self.clock.time(), cycle_duration_s=result.duration_s,
+            fill_eta=fill_etas(result.snapshot, self.history, self.config, now), firing=firing,
+            findings=result.findings,
+        )
+
+    def status_line(self) -> str:
+        if self.latest is None:
+            return "starting"
+        return status_line(self.latest.snapshot, len(self.lifecycle.firing()))
+
+    def start_metrics(self) -> None:
+        """Serve /metrics as configured; a port that cannot be bound is logged, the watching goes on."""
+        address = self.config.metrics.address
+        if address is None:
+            return
+        server = MetricsServer(lambda: self.readings, address)
+        try:
+            server.start()
+        except OSError as exc:
+            log.error("cannot serve metrics on %s: %s (metrics.listen)", self.config.metrics.listen, exc)
+            return
+        self.metrics = server
+
+    def stop_metrics(self) -> None:
+        if self.metrics is not None:
+            self.metrics.stop()
+            self.metrics = None
+
     def reload(self) -> bool:
         """Re-read the config file; a bad new config is reported and the old one kept."""
         path = None if self.loaded.source == "built-in defaults" else self.loaded.source
@@ -205,8 +277,12 @@ class Daemon:
             for problem in exc.problems:
                 log.error("reload rejected, keeping the running config: %s: %s", exc.source, problem)
             return False
+        old_listen = self.config.metrics.listen
         self.loaded = new
         cfg = new.config
+        if cfg.metrics.listen != old_listen and (self.metrics is not None or old_listen):
+            self.stop_metrics()
+            self.start_metrics()
         self.samplers.close()
         self.samplers = Samplers.from_config(cfg, self.clock, nvml=self.nvml, follow_logs=True)
         self.diagnoser = StallDiagnoser(cfg.general.proc_root, window=cfg.gpu.for_, py_spy=cfg.gpu.py_spy,
@@ -238,22 +314,41 @@ class Daemon:
     def run(self) -> None:
         """Cycle every interval until stop_event is set. Ticks are on the monotonic clock."""
         interval = self.cycle_interval()
+        self._check_watchdog(interval)
+        self.start_metrics()
         next_tick = self.clock.monotonic()
         while not self.stop_event.is_set():
             if self.reload_event.is_set():
                 self.reload_event.clear()
+                self.sd.reloading()
                 self.reload()
                 interval = self.cycle_interval()
+                self._check_watchdog(interval)
+                if self._ready_sent:
+                    self.sd.ready(self.status_line())
             try:
                 self.cycle()
             except Exception:  # keep watching: one bad cycle is logged, the next one may work
                 log.exception("cycle failed")
+            else:
+                # READY after the first good cycle; WATCHDOG only after a completed one, so a
+                # wedged loop stops the pings and systemd restarts us.
+                if not self._ready_sent:
+                    self.sd.ready(self.status_line())
+                    self._ready_sent = True
+                self.sd.watchdog(self.status_line())
             next_tick += interval
             now = self.clock.monotonic()
             if next_tick < now:  # fell behind (suspend, slow cycle): skip missed ticks, no burst
                 next_tick = now + interval
             self._wait(next_tick - now)
         self.close()
+
+    def _check_watchdog(self, interval: float) -> None:
+        limit = self.sd.watchdog_s
+        if limit is not None and interval * 2 > limit:
+            log.warning("general.interval %gs is more than half of WatchdogSec=%gs: a slow cycle will get the "
+                        "service restarted; raise WatchdogSec in a drop-in", interval, limit)
 
     def _wait(self, seconds: float) -> None:
         deadline = self.clock.monotonic() + seconds
@@ -264,6 +359,8 @@ class Daemon:
             self.stop_event.wait(min(left, 0.5))
 
     def close(self) -> None:
+        self.sd.stopping()
+        self.stop_metrics()
         self.samplers.close()
         if self.cleanup is not None:
             self.cleanup.stop()
@@ -272,6 +369,11 @@ class Daemon:
                 notifier.close()
             except Exception:
                 log.exception("closing notifier %s failed", type(notifier).__name__)
+        # Closing the connections checkpoints the WAL: the db file is complete on its own.
+        for conn in (self.history.conn, self.lifecycle.conn):
+            if conn is not None:
+                conn.close()
+        self.sd.close()
 
     def install_signal_handlers(self) -> None:
         def stop(signum, _frame):

@@ -45,9 +45,11 @@ class _ProbeResult:
 class _Probe:
     """One mount's prober: at most one probe thread alive at any time."""
 
-    def __init__(self, mount: Mount, statvfs: Callable[[str], os.statvfs_result]):
+    def __init__(self, mount: Mount, statvfs: Callable[[str], os.statvfs_result],
+                 reach: Callable[[str], str] = lambda path: path):
         self.mount = mount
         self.statvfs = statvfs
+        self.reach = reach  # host path -> the path to open here (a sidecar's host_root prefix)
         self.thread: threading.Thread | None = None
         self.started_mono = 0.0
         self.started_wall = 0.0
@@ -66,8 +68,8 @@ class _Probe:
 
         def run() -> None:
             try:
-                result = _ProbeResult(usage_from_statvfs(self.statvfs(self.mount.mount_point)), None,
-                                      tuple(p for p in paths if not os.path.lexists(p)))
+                result = _ProbeResult(usage_from_statvfs(self.statvfs(self.reach(self.mount.mount_point))), None,
+                                      tuple(p for p in paths if not os.path.lexists(self.reach(p))))
             except OSError as exc:
                 result = _ProbeResult(None, f"{exc.strerror or exc} (errno {exc.errno})", ())
             self.last = result
@@ -85,9 +87,10 @@ class FsSampler:
     def __init__(self, *, clock: Clock, proc_root: str = "/proc", paths: Sequence[str] = (),
                  exclude: Sequence[str] = (), include_fstypes: Sequence[str] = (), timeout: float = 5.0,
                  wait: float = 1.0, statvfs: Callable[[str], os.statvfs_result] = os.statvfs,
-                 read_mounts: Callable[[str], list[Mount]] = mountinfo.read_mounts):
+                 read_mounts: Callable[[str], list[Mount]] = mountinfo.read_mounts, host_root: str = "/"):
         self.clock = clock
         self.proc_root = proc_root
+        self.host_root = host_root
         self.paths = tuple(os.path.normpath(os.path.abspath(p)) for p in paths)
         self.exclude = tuple(exclude)
         self.include_fstypes = tuple(include_fstypes)
@@ -97,6 +100,9 @@ class FsSampler:
         self.read_mounts = read_mounts
         self._probes: dict[str, _Probe] = {}
         self._finished = threading.Condition()
+
+    def _reach(self, path: str) -> str:
+        return mountinfo.host_path(self.host_root, path)
 
     def discover(self) -> list[Mount]:
         all_mounts = self.read_mounts(self.proc_root)
@@ -114,7 +120,7 @@ class FsSampler:
                 if probe is not None and probe.busy:
                     probe.mount = mount  # remounted while stuck: keep the stuck thread, take the new identity
                 else:
-                    probe = _Probe(mount, self.statvfs)
+                    probe = _Probe(mount, self.statvfs, self._reach)
             current[mount.mount_point] = probe
         # Vanished mounts are forgotten; a stuck thread of theirs ends whenever the kernel lets it.
         self._probes = current

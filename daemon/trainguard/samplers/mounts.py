@@ -127,6 +127,27 @@ def select(mounts: Sequence[Mount], *, exclude: Sequence[str] = (), include_fsty
     return sorted(chosen.values(), key=lambda m: m.mount_point)
 
 
+def mountinfo_path(proc_root: str = "/proc") -> str:
+    """The mount table to read under proc_root.
+
+    Our own /proc: /proc/self/mountinfo. A host /proc mounted into a container
+    (/host/proc): its "self" is the container's own mount namespace (or nothing,
+    without the host PID namespace), so read the host's init, <proc_root>/1/mountinfo.
+    """
+    if os.path.normpath(proc_root) != "/proc":
+        host_init = os.path.join(proc_root, "1", "mountinfo")
+        if os.path.exists(host_init):
+            return host_init
+    return os.path.join(proc_root, "self", "mountinfo")
+
+
 def read_mounts(proc_root: str = "/proc") -> list[Mount]:
-    with open(os.path.join(proc_root, "self", "mountinfo"), encoding="utf-8", errors="surrogateescape") as fh:
+    with open(mountinfo_path(proc_root), encoding="utf-8", errors="surrogateescape") as fh:
         return parse_mountinfo(fh.read())
+
+
+def host_path(host_root: str, path: str) -> str:
+    """A host path as reachable here: "/data" under host_root "/host/root" is "/host/root/data"."""
+    if os.path.normpath(host_root) == "/":
+        return path
+    return os.path.join(host_root, path.lstrip("/"))

@@ -1,0 +1,228 @@
+"""Prometheus /metrics over the latest cycle's readings.
+
+The daemon builds one immutable `Readings` per cycle and swaps the reference; a
+scrape only formats what is already there. No statfs, no NVML, no SQLite at
+scrape time: a hung mount can never hang a scrape, and a scrape costs
+microseconds per series.
+
+Names are in base units (bytes, seconds, ratios 0..1). Labels identify objects
+(mountpoint, fstype, device, gpu, uuid) and never carry PIDs or file paths, whose
+churn would explode the series count of a fleet.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import start_wsgi_server
+
+from trainguard import __version__
+from trainguard.records import Finding, Severity, Snapshot
+
+log = logging.getLogger(__name__)
+
+FS_LABELS = ("mountpoint", "fstype", "device")
+GPU_LABELS = ("gpu", "uuid")
+STALL_KIND = "gpu.stall"
+
+
+@dataclass(frozen=True, slots=True)
+class Readings:
+    """What one cycle exposes. Built in the cycle, read by any number of scrapes."""
+
+    snapshot: Snapshot
+    ts: float  # wall time the cycle finished
+    cycle_duration_s: float
+    fill_eta: Mapping[str, float] = field(default_factory=dict)  # mountpoint -> seconds to full (filling only)
+    firing: Mapping[str, int] = field(default_factory=dict)  # severity -> alerts firing
+    findings: tuple[Finding, ...] = ()
+    cleanup_freed: Mapping[str, int] | None = None  # policy -> bytes freed since install; None: no cleanup
+    notify_failures: Mapping[str, int] | None = None  # target -> failed deliveries; None: no outbox
+
+
+def gpu_stalls(findings: tuple[Finding, ...]) -> dict[str, float]:
+    """gpu index (as a label string) -> seconds stalled, from the stall detector's findings."""
+    stalls: dict[str, float] = {}
+    for f in findings:
+        if f.kind == STALL_KIND:
+            gpu = f.labels.get("gpu") or f.key.split(":", 1)[1]
+            stalls[gpu] = float(f.details.get("stalled_for_s") or 0.0)
+    return stalls
+
+
+class ReadingsCollector:
+    """A custom collector: every scrape renders the Readings the source returns right now."""
+
+    def __init__(self, source: Callable[[], Readings | None], *, host: str = ""):
+        self.source = source
+        self.host = host
+
+    def describe(self) -> list[Metric]:
+        return []  # unchecked collector: families depend on what the host has (GPUs, cleanup ...)
+
+    def collect(self) -> Iterator[Metric]:
+        info = GaugeMetricFamily("trainguard_build_info", "trainguard version and Python it runs on; always 1",
+                                 labels=("version", "python"))
+        info.add_metric((__version__, platform.python_version()), 1)
+        yield info
+        readings = self.source()
+        if readings is None:
+            return  # before the first cycle: no numbers rather than made-up zeros
+        yield from self._cycle(readings)
+        yield from self._filesystems(readings)
+        yield from self._disks(readings)
+        yield from self._gpus(readings)
+        yield from self._alerts(readings)
+        yield from self._counters(readings)
+
+    def _cycle(self, r: Readings) -> Iterator[Metric]:
+        yield GaugeMetricFamily("trainguard_last_cycle_timestamp_seconds",
+                                "Unix time the last sampling cycle finished", value=r.ts)
+        yield GaugeMetricFamily("trainguard_cycle_duration_seconds",
+                                "How long the last sampling cycle took", value=r.cycle_duration_s)
+
+    def _filesystems(self, r: Readings) -> Iterator[Metric]:
+        gauges = {
+            "size": GaugeMetricFamily("trainguard_filesystem_size_bytes", "Filesystem size", labels=FS_LABELS),
+            "avail": GaugeMetricFamily("trainguard_filesystem_avail_bytes",
+                                       "Bytes available to unprivileged users", labels=FS_LABELS),
+            "used": GaugeMetricFamily("trainguard_filesystem_used_bytes",
+                                      "Bytes used (size - free, like df)", labels=FS_LABELS),
+            "files": GaugeMetricFamily("trainguard_filesystem_files", "Inodes in total", labels=FS_LABELS),
+            "files_free": GaugeMetricFamily("trainguard_filesystem_files_free",
+                                            "Inodes free for unprivileged users", labels=FS_LABELS),
+            "eta": GaugeMetricFamily("trainguard_filesystem_fill_eta_seconds",
+                                     "Forecast seconds until the filesystem is full; absent when not filling",
+                                     labels=FS_LABELS),
+            "responsive": GaugeMetricFamily("trainguard_filesystem_responsive",
+                                            "1 when statfs answered within the probe timeout, 0 when it hangs",
+                                            labels=FS_LABELS),
+        }
+        for s in r.snapshot.filesystems:
+            m = s.mount
+            labels = (m.mount_point, m.fstype, m.source)
+            gauges["responsive"].add_metric(labels, 1.0 if s.responsive else 0.0)
+            u = s.usage
+            if u is None or not s.responsive or s.error:
+                continue  # a stuck or failing mount has no current numbers: absent, not stale
+            gauges["size"].add_metric(labels, u.size_bytes)
+            gauges["avail"].add_metric(labels, u.avail_bytes)
+            gauges["used"].add_metric(labels, u.used_bytes)
+            if u.inodes_total > 0:
+                gauges["files"].add_metric(labels, u.inodes_total)
+                gauges["files_free"].add_metric(labels, u.inodes_free)
+            eta = r.fill_eta.get(m.mount_point)
+            if eta is not None:
+                gauges["eta"].add_metric(labels, eta)
+        yield from gauges.values()
+
+    def _disks(self, r: Readings) -> Iterator[Metric]:
+        if not r.snapshot.disks:
+            return
+        util = GaugeMetricFamily("trainguard_disk_io_util_ratio",
+                                 "Share of the last interval the device was busy (0..1)", labels=("device",))
+        read = GaugeMetricFamily("trainguard_disk_read_bytes_per_second", "Read throughput over the last interval",
+                                 labels=("device",))
+        write = GaugeMetricFamily("trainguard_disk_write_bytes_per_second",
+                                  "Write throughput over the last interval", labels=("device",))
+        for d in r.snapshot.disks:
+            util.add_metric((d.name,), d.util_ratio)
+            read.add_metric((d.name,), d.read_bytes_per_s)
+            write.add_metric((d.name,), d.write_bytes_per_s)
+        yield from (util, read, write)
+
+    def _gpus(self, r: Readings) -> Iterator[Metric]:
+        gpus: tuple[Any, ...] = getattr(r.snapshot, "gpus", ())
+        if not gpus:
+            return
+        util = GaugeMetricFamily("trainguard_gpu_utilization_ratio",
+                                 "Mean GPU busy ratio since the previous sample (0..1)", labels=GPU_LABELS)
+        used = GaugeMetricFamily("trainguard_gpu_memory_used_bytes", "GPU memory in use", labels=GPU_LABELS)
+        total = GaugeMetricFamily("trainguard_gpu_memory_total_bytes", "GPU memory in total", labels=GPU_LABELS)
+        procs = GaugeMetricFamily("trainguard_gpu_compute_processes", "Compute processes on the GPU",
+                                  labels=GPU_LABELS)
+        stalled = GaugeMetricFamily("trainguard_gpu_stalled",
+                                    "1 while VRAM is held but the GPU does no work (the stall detector)",
+                                    labels=GPU_LABELS)
+        stall_s = GaugeMetricFamily("trainguard_gpu_stall_seconds", "How long the current stall has lasted",
+                                    labels=GPU_LABELS)
+        lost = GaugeMetricFamily("trainguard_gpu_lost", "1 when the driver reports the GPU lost",
+                                 labels=GPU_LABELS)
+        stalls = gpu_stalls(r.findings)
+        for g in gpus:
+            labels = (str(g.index), g.uuid)
+            lost.add_metric(labels, 1.0 if getattr(g, "lost", False) else 0.0)
+            if getattr(g, "lost", False):
+                continue
+            if g.util_ratio is not None:
+                util.add_metric(labels, g.util_ratio)
+            if g.memory_used_bytes is not None:
+                used.add_metric(labels, g.memory_used_bytes)
+            if g.memory_total_bytes is not None:
+                total.add_metric(labels, g.memory_total_bytes)
+            procs.add_metric(labels, len(getattr(g, "processes", ())))
+            seconds = stalls.get(str(g.index))
+            stalled.add_metric(labels, 0.0 if seconds is None else 1.0)
+            stall_s.add_metric(labels, seconds or 0.0)
+        yield from (util, used, total, procs, stalled, stall_s, lost)
+
+    def _alerts(self, r: Readings) -> Iterator[Metric]:
+        firing = GaugeMetricFamily("trainguard_alerts_firing", "Alerts the daemon has firing, by severity",
+                                   labels=("severity",))
+        for severity in Severity:
+            firing.add_metric((severity.value,), r.firing.get(severity.value, 0))
+        yield firing
+
+    def _counters(self, r: Readings) -> Iterator[Metric]:
+        if r.cleanup_freed is not None:
+            freed = CounterMetricFamily("trainguard_cleanup_freed_bytes",
+                                        "Bytes deleted by cleanup policies since the state db was created",
+                                        labels=("policy",))
+            for policy, nbytes in sorted(r.cleanup_freed.items()):
+                freed.add_metric((policy,), nbytes)
+            yield freed
+        if r.notify_failures is not None:
+            failures = CounterMetricFamily("trainguard_notify_failures",
+                                           "Notification deliveries that failed (each attempt)",
+                                           labels=("target",))
+            for target, count in sorted(r.notify_failures.items()):
+                failures.add_metric((target,), count)
+            yield failures
+
+
+class MetricsServer:
+    """The /metrics HTTP endpoint in its own threads; start() binds, stop() releases the port."""
+
+    def __init__(self, source: Callable[[], Readings | None], address: tuple[str, int], *,
+                 registry: CollectorRegistry | None = None):
+        self.address = address
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=False)
+        self.registry.register(ReadingsCollector(source))
+        self._httpd = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        """The bound port (useful with port 0 in tests)."""
+        return self._httpd.server_address[1] if self._httpd is not None else self.address[1]
+
+    def start(self) -> None:
+        host, port = self.address
+        self._httpd, self._thread = start_wsgi_server(port, addr=host, registry=self.registry)
+        self._thread.name = "metrics-http"
+        log.info("serving metrics on http://%s:%d/metrics", f"[{host}]" if ":" in host else host, self.port)
+
+    def stop(self) -> None:
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
