@@ -249,6 +249,24 @@ def cmd_test_alert(args: argparse.Namespace) -> int:
     return EXIT_CRITICAL if failed else EXIT_OK
 
 
+def cmd_health(args: argparse.Namespace) -> int:
+    import time
+
+    from trainguard import health, state
+
+    loaded = _load(args)
+    if loaded is None:
+        return EXIT_CONFIG
+    cfg = loaded.config
+    state_dir = args.state_dir or cfg.general.state_dir
+    if not os.path.exists(os.path.join(state_dir, state.DB_NAME)) and not args.state_dir:
+        state_dir = state.fallback_state_dir()  # where a daemon without access to the configured dir writes
+    max_age = args.max_age if args.max_age is not None else max(3 * cfg.general.interval, 60.0)
+    result = health.check(state_dir, time.time(), max_age)
+    print(result.message, file=sys.stdout if result.ok else sys.stderr)
+    return EXIT_OK if result.ok else EXIT_CRITICAL
+
+
 COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int]]] = {
     "run": ("run the daemon (or one cycle with --once)", cmd_run),
     "status": ("sample now and show mounts, trends and findings", cmd_status),
@@ -256,6 +274,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int]]] = {
     "diagnose": ("show what the processes on a GPU are doing or blocked on", cmd_diagnose),
     "cleanup": ("run the cleanup policies once now (--dry-run: only list what would go)", cmd_cleanup),
     "test-alert": ("send a test message to each notify target and report delivered / failed", cmd_test_alert),
+    "health": ("exit 0 when the running daemon completed a cycle recently (container health checks)", cmd_health),
 }
 
 
@@ -283,6 +302,8 @@ def build_parser() -> argparse.ArgumentParser:
                                        help="only this target (repeat for more; default: all)")
     parsers["test-alert"].add_argument("--severity", choices=["info", "warning", "critical"], default="warning",
                                        help="severity of the test message (default: warning)")
+    parsers["health"].add_argument("--max-age", type=float, metavar="SECONDS",
+                                   help="oldest acceptable last cycle (default: 3 intervals, at least 60 s)")
     return parser
 
 

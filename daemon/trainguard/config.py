@@ -444,8 +444,8 @@ class Metrics(Strict):
 def parse_listen(value: str) -> tuple[str, int]:
     """"127.0.0.1:9842" -> ("127.0.0.1", 9842); "[::1]:9842" -> ("::1", 9842); ":9842" -> ("0.0.0.0", 9842)."""
     host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"expected host:port with a port 1-65535, e.g. 127.0.0.1:9842 (got {value!r})")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:  # port 0: any free port (tests)
+        raise ValueError(f"expected host:port with a port 0-65535, e.g. 127.0.0.1:9842 (got {value!r})")
     host = host.strip("[]") or "0.0.0.0"
     return host, int(port)
 

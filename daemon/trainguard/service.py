@@ -23,6 +23,7 @@ from trainguard.detectors.forecast import fill_trend
 from trainguard.diagnosis import StallDiagnoser
 from trainguard.actions.worker import CleanupWorker, make_runner_factory
 from trainguard.exporter import MetricsServer, Readings
+from trainguard.health import Heartbeat
 from trainguard.history import History
 from trainguard.notify import LogNotifier, Notifier
 from trainguard.logwatch import LogWatcher
@@ -161,6 +162,7 @@ class Daemon:
         self.history = History.from_config(self.db.connect(), cfg, now)
         self.lifecycle = Lifecycle(self.db.connect(), repeat_interval=cfg.alerts.repeat_interval,
                                    keep_firing_for=cfg.alerts.keep_firing_for)
+        self.heartbeat = Heartbeat(self.db.connect(), os.getpid())
         self.samplers = Samplers.from_config(cfg, self.clock, nvml=self.nvml, follow_logs=True)
         self.diagnoser = StallDiagnoser(cfg.general.proc_root, window=cfg.gpu.for_, py_spy=cfg.gpu.py_spy,
                                         clock=self.clock.time)
@@ -206,6 +208,7 @@ class Daemon:
         duration = self.clock.monotonic() - started
         self.latest = CycleResult(snapshot, tuple(findings), tuple(events), duration)
         self.readings = self._readings(self.latest, now)
+        self.heartbeat.beat(self.readings.ts, self.status_line())
         return self.latest
 
     def _start_cleanup(self, cfg: configmod.Config) -> CleanupWorker | None:
@@ -370,7 +373,7 @@ class Daemon:
             except Exception:
                 log.exception("closing notifier %s failed", type(notifier).__name__)
         # Closing the connections checkpoints the WAL: the db file is complete on its own.
-        for conn in (self.history.conn, self.lifecycle.conn):
+        for conn in (self.history.conn, self.lifecycle.conn, self.heartbeat.conn):
             if conn is not None:
                 conn.close()
         self.sd.close()

@@ -1,0 +1,188 @@
+"""/metrics: what a fleet's Prometheus sees, rendered from the latest cycle only."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.daemon_proc import DaemonProcess, child_env, wait_until
+from tests.support.mounts import fill
+from trainguard.exporter import ReadingsCollector, Readings
+from trainguard.records import DiskIo, Finding, FsSample, FsUsage, Mount, MountKind, Severity, Snapshot
+
+
+def mount(mp: str, fstype: str = "ext4", source: str = "/dev/sda1") -> Mount:
+    return Mount(mount_point=mp, fstype=fstype, source=source, major=8, minor=1, kind=MountKind.LOCAL)
+
+
+USAGE = FsUsage(size_bytes=1000, used_bytes=600, avail_bytes=350, inodes_total=100, inodes_used=40, inodes_free=60)
+
+
+@dataclass(frozen=True, slots=True)
+class FakeGpu:  # the fields of a GPU sample the collector reads
+    index: int
+    uuid: str
+    util_ratio: float | None
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
+    processes: tuple = ()
+    lost: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotWithGpus:
+    ts: float
+    filesystems: tuple = ()
+    disks: tuple = ()
+    gpus: tuple = ()
+
+
+def scrape(readings: Readings | None) -> dict[str, list]:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ReadingsCollector(lambda: readings))
+    text = generate_latest(registry).decode()
+    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+def value(families, name, **labels):
+    for sample in families[name]:
+        if all(sample.labels.get(k) == v for k, v in labels.items()):
+            return sample.value
+    raise KeyError(f"{name}{labels} not in {families.get(name)}")
+
+
+def test_before_the_first_cycle_only_build_info_is_exposed():
+    families = scrape(None)
+    assert set(families) == {"trainguard_build_info"}
+
+
+def test_filesystems_in_base_units_and_a_hung_mount_has_no_stale_numbers():
+    snap = Snapshot(ts=1.0, filesystems=(
+        FsSample(mount("/data"), 1.0, USAGE),
+        FsSample(mount("/mnt/nfs", "nfs4", "srv:/export"), 1.0, USAGE, responsive=False, unresponsive_since=0.5),
+    ), disks=(DiskIo("sda", 8, 0, 0.25, 10.0, 20.0, 1.5),))
+    families = scrape(Readings(snap, ts=2.0, cycle_duration_s=0.01, fill_eta={"/data": 7200.0}))
+    labels = {"mountpoint": "/data", "fstype": "ext4", "device": "/dev/sda1"}
+    assert value(families, "trainguard_filesystem_avail_bytes", **labels) == 350
+    assert value(families, "trainguard_filesystem_size_bytes", **labels) == 1000
+    assert value(families, "trainguard_filesystem_files_free", **labels) == 60
+    assert value(families, "trainguard_filesystem_fill_eta_seconds", **labels) == 7200
+    assert value(families, "trainguard_filesystem_responsive", mountpoint="/data") == 1
+    assert value(families, "trainguard_filesystem_responsive", mountpoint="/mnt/nfs", device="srv:/export") == 0
+    assert not [s for s in families["trainguard_filesystem_avail_bytes"] if s.labels["mountpoint"] == "/mnt/nfs"]
+    assert value(families, "trainguard_disk_io_util_ratio", device="sda") == 0.25
+    # Families whose feature has no data are absent, not zero.
+    assert "trainguard_gpu_utilization_ratio" not in families
+    assert "trainguard_cleanup_freed_bytes" not in families
+
+
+def test_gpu_stall_comes_from_the_detector_and_labels_carry_no_pids():
+    gpus = (FakeGpu(0, "GPU-aaa", 0.0, 70 * 2**30, 80 * 2**30, processes=(object(),)),
+            FakeGpu(1, "GPU-bbb", 0.9, 10 * 2**30, 80 * 2**30))
+    stall = Finding(key="gpu.stall:0", severity=Severity.CRITICAL, summary="GPU 0 stalled",
+                    details={"stalled_for_s": 900.0, "processes": [{"host_pid": 4242}]},
+                    labels={"gpu": "0", "uuid": "GPU-aaa"})
+    r = Readings(SnapshotWithGpus(ts=1.0, gpus=gpus), ts=1.0, cycle_duration_s=0.0, findings=(stall,),
+                 firing={"critical": 1}, cleanup_freed={"old-checkpoints": 5 * 2**30}, notify_failures={"oncall": 3})
+    families = scrape(r)
+    assert value(families, "trainguard_gpu_stalled", gpu="0", uuid="GPU-aaa") == 1
+    assert value(families, "trainguard_gpu_stall_seconds", gpu="0") == 900
+    assert value(families, "trainguard_gpu_stalled", gpu="1") == 0
+    assert value(families, "trainguard_gpu_utilization_ratio", gpu="1") == 0.9
+    assert value(families, "trainguard_gpu_memory_used_bytes", gpu="0") == 70 * 2**30
+    assert value(families, "trainguard_alerts_firing", severity="critical") == 1
+    assert value(families, "trainguard_alerts_firing", severity="warning") == 0
+    assert value(families, "trainguard_cleanup_freed_bytes", policy="old-checkpoints") == 5 * 2**30
+    assert value(families, "trainguard_notify_failures", target="oncall") == 3
+    for samples in families.values():
+        for s in samples:
+            assert not {"pid", "path", "file"} & set(s.labels), s
+
+
+# ---------------------------------------------------------------- a running daemon
+
+
+def config(state_dir, paths, *, probe_timeout="1s", interval="0.3s") -> str:
+    return f"""
+[general]
+state_dir = "{state_dir}"
+interval = "{interval}"
+[filesystems]
+paths = {json.dumps([str(p) for p in paths])}
+exclude = ["*"]   # only the mounts of the paths above: other mounts on a shared host are not ours to probe
+probe_timeout = "{probe_timeout}"
+[metrics]
+listen = "127.0.0.1:0"
+"""
+
+
+def http_scrape(url: str, timeout: float = 5.0) -> tuple[dict[str, list], float]:
+    started = time.monotonic()
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        text = response.read().decode()
+    elapsed = time.monotonic() - started
+    return {f.name: f.samples for f in text_string_to_metric_families(text)}, elapsed
+
+
+@pytest.mark.root
+def test_scrape_of_a_running_daemon_matches_status_json(tmp_path, tmpfs_mount):
+    fill(tmpfs_mount / "ckpt.bin", 5 * 2**20)
+    cfg_text = config(tmp_path / "state", [tmpfs_mount])
+    with DaemonProcess(tmp_path, cfg_text) as daemon:
+        url = daemon.metrics_url()
+        mp = str(tmpfs_mount)
+
+        def scraped():
+            families, _ = http_scrape(url)
+            return families if "trainguard_filesystem_avail_bytes" in families else None
+        families = wait_until(scraped, 10, what="first cycle on /metrics")
+        status = subprocess.run([sys.executable, "-m", "trainguard", "status", "--json", "-c",
+                                 str(daemon.config_path)], capture_output=True, text=True, env=child_env(),
+                                timeout=30, check=True)
+    doc = json.loads(status.stdout)
+    fs = next(f for f in doc["filesystems"] if f["mountpoint"] == mp)
+    labels = {"mountpoint": mp, "fstype": "tmpfs"}
+    assert value(families, "trainguard_filesystem_size_bytes", **labels) == fs["size_bytes"] == 16 * 2**20
+    assert value(families, "trainguard_filesystem_avail_bytes", **labels) == fs["avail_bytes"]
+    assert value(families, "trainguard_filesystem_used_bytes", **labels) == fs["used_bytes"] >= 5 * 2**20
+    assert value(families, "trainguard_filesystem_files_free", **labels) == fs["inodes_free"]
+    assert value(families, "trainguard_filesystem_responsive", **labels) == (1 if fs["responsive"] else 0) == 1
+
+
+@pytest.mark.fuse
+@pytest.mark.parametrize("slowfs", [{"name": "autodl-fs"}], indirect=True)
+def test_scrape_while_a_mount_hangs_returns_promptly_with_responsive_0(tmp_path, slowfs):
+    slowfs.block("statfs")
+    cfg_text = config(tmp_path / "state", [slowfs.mountpoint], probe_timeout="0.5s")
+    with DaemonProcess(tmp_path, cfg_text) as daemon:
+        try:
+            url = daemon.metrics_url()
+            mp = str(slowfs.mountpoint)
+
+            def hung_reported():
+                families, _ = http_scrape(url)
+                samples = [s for s in families.get("trainguard_filesystem_responsive", [])
+                           if s.labels["mountpoint"] == mp]
+                return families if samples and samples[0].value == 0 else None
+            wait_until(hung_reported, 10, what="responsive 0 for the hung mount")
+            slowfs.wait_blocked("statfs")
+            # The probe is still stuck in the kernel: every scrape answers from memory, fast.
+            elapsed = max(http_scrape(url)[1] for _ in range(5))
+            assert elapsed < 0.5
+            families, _ = http_scrape(url)
+            assert value(families, "trainguard_filesystem_responsive", mountpoint=mp, fstype="fuse.autodl-fs") == 0
+            assert not [s for s in families.get("trainguard_filesystem_avail_bytes", []) if s.labels["mountpoint"] == mp]
+            assert value(families, "trainguard_alerts_firing", severity="critical") >= 1
+        finally:
+            # A thread waiting on a FUSE answer cannot be killed until the answer comes:
+            # release it before the daemon is stopped.
+            slowfs.unblock("statfs")
