@@ -69,7 +69,7 @@ def test_filesystems_in_base_units_and_a_hung_mount_has_no_stale_numbers():
     snap = Snapshot(ts=1.0, filesystems=(
         FsSample(mount("/data"), 1.0, USAGE),
         FsSample(mount("/mnt/nfs", "nfs4", "srv:/export"), 1.0, USAGE, responsive=False, unresponsive_since=0.5),
-    ), disks=(DiskIo("sda", 8, 0, 0.25, 10.0, 20.0, 1.5),))
+    ), disks=(DiskIo("sda1", 8, 1, 0.25, 10.0, 20.0, 1.5), DiskIo("loop0", 7, 0, 0.0, 0.0, 0.0, None)))
     families = scrape(Readings(snap, ts=2.0, cycle_duration_s=0.01, fill_eta={"/data": 7200.0}))
     labels = {"mountpoint": "/data", "fstype": "ext4", "device": "/dev/sda1"}
     assert value(families, "trainguard_filesystem_avail_bytes", **labels) == 350
@@ -79,7 +79,8 @@ def test_filesystems_in_base_units_and_a_hung_mount_has_no_stale_numbers():
     assert value(families, "trainguard_filesystem_responsive", mountpoint="/data") == 1
     assert value(families, "trainguard_filesystem_responsive", mountpoint="/mnt/nfs", device="srv:/export") == 0
     assert not [s for s in families["trainguard_filesystem_avail_bytes"] if s.labels["mountpoint"] == "/mnt/nfs"]
-    assert value(families, "trainguard_disk_io_util_ratio", device="sda") == 0.25
+    assert value(families, "trainguard_disk_io_util_ratio", device="sda1") == 0.25
+    assert {s.labels["device"] for s in families["trainguard_disk_io_util_ratio"]} == {"sda1"}  # not idle loops
     # Families whose feature has no data are absent, not zero.
     assert "trainguard_gpu_utilization_ratio" not in families
     assert "trainguard_cleanup_freed_bytes" not in families

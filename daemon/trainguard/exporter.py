@@ -123,7 +123,11 @@ class ReadingsCollector:
         yield from gauges.values()
 
     def _disks(self, r: Readings) -> Iterator[Metric]:
-        if not r.snapshot.disks:
+        # Only devices behind a watched filesystem, like the saturation detector: no series
+        # for idle loop or zram devices.
+        backing = {(s.mount.major, s.mount.minor) for s in r.snapshot.filesystems}
+        disks = [d for d in r.snapshot.disks if (d.major, d.minor) in backing]
+        if not disks:
             return
         util = GaugeMetricFamily("trainguard_disk_io_util_ratio",
                                  "Share of the last interval the device was busy (0..1)", labels=("device",))
@@ -131,7 +135,7 @@ class ReadingsCollector:
                                  labels=("device",))
         write = GaugeMetricFamily("trainguard_disk_write_bytes_per_second",
                                   "Write throughput over the last interval", labels=("device",))
-        for d in r.snapshot.disks:
+        for d in disks:
             util.add_metric((d.name,), d.util_ratio)
             read.add_metric((d.name,), d.read_bytes_per_s)
             write.add_metric((d.name,), d.write_bytes_per_s)

@@ -1,0 +1,146 @@
+"""Deployment files: the systemd unit, the fleet's alerting rules and the dashboard."""
+
+from __future__ import annotations
+
+import configparser
+import json
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry, generate_latest
+
+from tests.support.daemon_proc import REPO
+from trainguard.exporter import ReadingsCollector, Readings
+from trainguard.records import DiskIo, Finding, FsSample, FsUsage, Mount, MountKind, Severity
+
+UNIT = REPO / "systemd" / "trainguard.service"
+RULES = REPO / "deploy" / "prometheus" / "trainguard.rules.yml"
+RULE_TESTS = REPO / "deploy" / "prometheus" / "trainguard.rules.test.yml"
+DASHBOARD = REPO / "deploy" / "grafana" / "trainguard.json"
+MAX_EXPOSURE = 3.5  # systemd-analyze security score; README records the current figure
+
+
+@dataclass(frozen=True, slots=True)
+class _Gpu:
+    index: int = 0
+    uuid: str = "GPU-x"
+    util_ratio: float = 0.0
+    memory_used_bytes: int = 1
+    memory_total_bytes: int = 2
+    processes: tuple = ()
+    lost: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Snapshot:
+    ts: float
+    filesystems: tuple
+    disks: tuple
+    gpus: tuple
+
+
+def exported_names() -> set[str]:
+    """Every series name the collector can produce, with each optional family present."""
+    m = Mount("/data", "ext4", "/dev/sda1", 8, 1, MountKind.LOCAL)
+    usage = FsUsage(100, 50, 50, 10, 5, 5)
+    snap = _Snapshot(1.0, (FsSample(m, 1.0, usage),), (DiskIo("sda1", 8, 1, 0.5, 1.0, 1.0, 1.0),), (_Gpu(),))
+    stall = Finding("gpu.stall:0", Severity.CRITICAL, "x", details={"stalled_for_s": 1.0}, labels={"gpu": "0"})
+    r = Readings(snap, 1.0, 0.1, fill_eta={"/data": 10.0}, findings=(stall,), cleanup_freed={"p": 1},
+                 notify_failures={"t": 1})
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ReadingsCollector(lambda: r))
+    text = generate_latest(registry).decode()
+    return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
+
+
+def referenced(text: str) -> set[str]:
+    return set(re.findall(r"\btrainguard_[a-z_]+\b", text))
+
+
+def test_rules_and_dashboard_only_use_metrics_the_daemon_exports():
+    names = exported_names()
+    rules_text = RULES.read_text()
+    assert referenced(rules_text) - names == set()
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
+    assert referenced(exprs) - names == set()
+    # Recording rules the dashboard reads must be defined in the rules file.
+    records = {r["record"] for g in yaml.safe_load(rules_text)["groups"] for r in g["rules"] if "record" in r}
+    assert set(re.findall(r"\btrainguard:[a-z_:]+\b", exprs)) <= records
+
+
+def test_every_detector_has_a_fleet_rule():
+    alerts = {r["alert"]: r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"] if "alert" in r}
+    for name in ("TrainguardFilesystemAlmostFull", "TrainguardFilesystemFilling", "TrainguardInodesAlmostExhausted",
+                 "TrainguardFilesystemFullSoon", "TrainguardFilesystemFullWithin6h", "TrainguardMountUnresponsive",
+                 "TrainguardDiskSaturated", "TrainguardGpuStalled"):
+        assert name in alerts
+        assert alerts[name]["labels"]["severity"] in ("warning", "critical")
+
+
+def _promtool(*args: str) -> subprocess.CompletedProcess:
+    if shutil.which("promtool") is None:
+        pytest.skip("promtool not installed (Debian package: prometheus)")
+    return subprocess.run(["promtool", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_promtool_checks_the_rules():
+    done = _promtool("check", "rules", str(RULES))
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_promtool_unit_tests_of_the_rules_pass():
+    done = _promtool("test", "rules", str(RULE_TESTS))
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def unit() -> configparser.ConfigParser:
+    parser = configparser.ConfigParser(strict=False, interpolation=None)
+    parser.optionxform = str
+    parser.read_string(UNIT.read_text())
+    return parser
+
+
+def test_unit_speaks_notify_with_a_watchdog_and_keeps_nvidia_devices():
+    service = unit()["Service"]
+    assert service["Type"] == "notify"
+    assert service["Restart"] == "on-failure"
+    assert float(service["WatchdogSec"].rstrip("s")) >= 2 * 10  # twice the default interval at least
+    assert service["ProtectSystem"] == "strict"
+    assert service["ProtectHome"] == "read-only"
+    assert service["StateDirectory"] == "trainguard"
+    assert service["DevicePolicy"] == "closed"
+    assert "PrivateDevices" not in service  # it would hide /dev/nvidia*
+    assert "ExecReload" in service
+
+
+@pytest.fixture
+def installable_unit(tmp_path):
+    """The shipped unit with ExecStart pointing at this machine's trainguard (verify checks it exists)."""
+    exe = shutil.which("trainguard") or sys.executable
+    path = tmp_path / "trainguard.service"
+    path.write_text(UNIT.read_text().replace("/opt/trainguard/bin/trainguard", exe))
+    return path
+
+
+def _analyze(*args: str) -> subprocess.CompletedProcess:
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze not installed (Debian package: systemd)")
+    return subprocess.run(["systemd-analyze", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_systemd_analyze_verify_accepts_the_unit(installable_unit):
+    done = _analyze("verify", str(installable_unit))
+    assert done.returncode == 0 and not done.stderr.strip(), done.stdout + done.stderr
+
+
+def test_security_exposure_stays_low(installable_unit):
+    done = _analyze("security", "--offline=true", str(installable_unit))
+    match = re.search(r"Overall exposure level for \S+: ([0-9.]+)", done.stdout)
+    assert match, done.stdout + done.stderr
+    assert float(match.group(1)) <= MAX_EXPOSURE
