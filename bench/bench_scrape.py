@@ -15,7 +15,6 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import dataclass
 from urllib.parse import urlparse
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "daemon"))
@@ -23,26 +22,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from _reference import start_node_exporter, stop  # noqa: E402
 from trainguard.exporter import MetricsServer, Readings  # noqa: E402
-from trainguard.records import DiskIo, Finding, FsSample, FsUsage, Mount, MountKind, Severity  # noqa: E402
-
-
-@dataclass(frozen=True, slots=True)
-class Gpu:  # the fields of a GPU sample the collector reads
-    index: int
-    uuid: str
-    util_ratio: float
-    memory_used_bytes: int
-    memory_total_bytes: int
-    processes: tuple = ()
-    lost: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Snap:
-    ts: float
-    filesystems: tuple
-    disks: tuple
-    gpus: tuple
+from trainguard.records import (DiskIo, Finding, FsSample, FsUsage, GpuProcess, GpuSample, Mount,  # noqa: E402
+                                MountKind, NvmlState, NvmlStatus, Severity, Snapshot)
 
 
 def readings(mounts: int = 50, gpus: int = 8) -> Readings:
@@ -53,9 +34,12 @@ def readings(mounts: int = 50, gpus: int = 8) -> Readings:
         fs.append(FsSample(m, time.time(), u, responsive=i != 7, unresponsive_since=None))
         disks.append(DiskIo(f"sd{i}", 8, i, 0.3, 1e6, 2e6, 1.2))
         etas[m.mount_point] = 3600.0 * (i + 1)
-    gs = tuple(Gpu(i, f"GPU-{i:08x}", 0.5, 60 * 2**30, 80 * 2**30, processes=(1,)) for i in range(gpus))
+    gs = tuple(GpuSample(i, f"GPU-{i:08x}", "H100", time.time(), util_ratio=0.5, memory_used_bytes=60 * 2**30,
+                         memory_total_bytes=80 * 2**30, processes=(GpuProcess(1000 + i, 1000 + i, 2**30),))
+               for i in range(gpus))
     stall = Finding("gpu.stall:3", Severity.CRITICAL, "x", details={"stalled_for_s": 600.0}, labels={"gpu": "3"})
-    return Readings(Snap(time.time(), tuple(fs), tuple(disks), gs), time.time(), 0.01, fill_eta=etas,
+    snap = Snapshot(time.time(), tuple(fs), tuple(disks), gpus=gs, gpu_status=NvmlStatus(NvmlState.OK))
+    return Readings(snap, time.time(), 0.01, fill_eta=etas,
                     firing={"critical": 2}, findings=(stall,), cleanup_freed={"ckpt": 2**30}, notify_failures={"x": 0})
 
 

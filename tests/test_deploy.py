@@ -8,7 +8,6 @@ import re
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
 
 import pytest
 import yaml
@@ -16,7 +15,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from tests.support.daemon_proc import REPO
 from trainguard.exporter import ReadingsCollector, Readings
-from trainguard.records import DiskIo, Finding, FsSample, FsUsage, Mount, MountKind, Severity
+from trainguard.records import (DiskIo, Finding, FsSample, FsUsage, GpuSample, Mount, MountKind, NvmlState, NvmlStatus,
+                                Severity, Snapshot)
 
 UNIT = REPO / "systemd" / "trainguard.service"
 RULES = REPO / "deploy" / "prometheus" / "trainguard.rules.yml"
@@ -25,30 +25,13 @@ DASHBOARD = REPO / "deploy" / "grafana" / "trainguard.json"
 MAX_EXPOSURE = 3.5  # systemd-analyze security score; README records the current figure
 
 
-@dataclass(frozen=True, slots=True)
-class _Gpu:
-    index: int = 0
-    uuid: str = "GPU-x"
-    util_ratio: float = 0.0
-    memory_used_bytes: int = 1
-    memory_total_bytes: int = 2
-    processes: tuple = ()
-    lost: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class _Snapshot:
-    ts: float
-    filesystems: tuple
-    disks: tuple
-    gpus: tuple
-
-
 def exported_names() -> set[str]:
     """Every series name the collector can produce, with each optional family present."""
     m = Mount("/data", "ext4", "/dev/sda1", 8, 1, MountKind.LOCAL)
     usage = FsUsage(100, 50, 50, 10, 5, 5)
-    snap = _Snapshot(1.0, (FsSample(m, 1.0, usage),), (DiskIo("sda1", 8, 1, 0.5, 1.0, 1.0, 1.0),), (_Gpu(),))
+    gpu = GpuSample(0, "GPU-x", "H100", 1.0, util_ratio=0.0, memory_used_bytes=1, memory_total_bytes=2)
+    snap = Snapshot(1.0, (FsSample(m, 1.0, usage),), (DiskIo("sda1", 8, 1, 0.5, 1.0, 1.0, 1.0),), gpus=(gpu,),
+                    gpu_status=NvmlStatus(NvmlState.OK))
     stall = Finding("gpu.stall:0", Severity.CRITICAL, "x", details={"stalled_for_s": 1.0}, labels={"gpu": "0"})
     r = Readings(snap, 1.0, 0.1, fill_eta={"/data": 10.0}, findings=(stall,), cleanup_freed={"p": 1},
                  notify_failures={"t": 1})

@@ -8,7 +8,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass, field
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -17,7 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.support.daemon_proc import DaemonProcess, child_env, wait_until
 from tests.support.mounts import fill
 from trainguard.exporter import ReadingsCollector, Readings
-from trainguard.records import DiskIo, Finding, FsSample, FsUsage, Mount, MountKind, Severity, Snapshot
+from trainguard.records import (DiskIo, Finding, FsSample, FsUsage, GpuProcess, GpuSample, Mount, MountKind, NvmlState,
+                                NvmlStatus, Severity, Snapshot)
 
 
 def mount(mp: str, fstype: str = "ext4", source: str = "/dev/sda1") -> Mount:
@@ -25,25 +25,6 @@ def mount(mp: str, fstype: str = "ext4", source: str = "/dev/sda1") -> Mount:
 
 
 USAGE = FsUsage(size_bytes=1000, used_bytes=600, avail_bytes=350, inodes_total=100, inodes_used=40, inodes_free=60)
-
-
-@dataclass(frozen=True, slots=True)
-class FakeGpu:  # the fields of a GPU sample the collector reads
-    index: int
-    uuid: str
-    util_ratio: float | None
-    memory_used_bytes: int | None
-    memory_total_bytes: int | None
-    processes: tuple = ()
-    lost: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class SnapshotWithGpus:
-    ts: float
-    filesystems: tuple = ()
-    disks: tuple = ()
-    gpus: tuple = ()
 
 
 def scrape(readings: Readings | None) -> dict[str, list]:
@@ -87,12 +68,15 @@ def test_filesystems_in_base_units_and_a_hung_mount_has_no_stale_numbers():
 
 
 def test_gpu_stall_comes_from_the_detector_and_labels_carry_no_pids():
-    gpus = (FakeGpu(0, "GPU-aaa", 0.0, 70 * 2**30, 80 * 2**30, processes=(object(),)),
-            FakeGpu(1, "GPU-bbb", 0.9, 10 * 2**30, 80 * 2**30))
+    proc = GpuProcess(host_pid=4242, pid=4242, used_memory_bytes=70 * 2**30)
+    gpus = (GpuSample(0, "GPU-aaa", "H100", 1.0, util_ratio=0.0, memory_used_bytes=70 * 2**30,
+                      memory_total_bytes=80 * 2**30, processes=(proc,)),
+            GpuSample(1, "GPU-bbb", "H100", 1.0, util_ratio=0.9, memory_used_bytes=10 * 2**30,
+                      memory_total_bytes=80 * 2**30))
     stall = Finding(key="gpu.stall:0", severity=Severity.CRITICAL, summary="GPU 0 stalled",
                     details={"stalled_for_s": 900.0, "processes": [{"host_pid": 4242}]},
                     labels={"gpu": "0", "uuid": "GPU-aaa"})
-    r = Readings(SnapshotWithGpus(ts=1.0, gpus=gpus), ts=1.0, cycle_duration_s=0.0, findings=(stall,),
+    r = Readings(Snapshot(ts=1.0, gpus=gpus, gpu_status=NvmlStatus(NvmlState.OK)), ts=1.0, cycle_duration_s=0.0, findings=(stall,),
                  firing={"critical": 1}, cleanup_freed={"old-checkpoints": 5 * 2**30}, notify_failures={"oncall": 3})
     families = scrape(r)
     assert value(families, "trainguard_gpu_stalled", gpu="0", uuid="GPU-aaa") == 1
@@ -100,6 +84,8 @@ def test_gpu_stall_comes_from_the_detector_and_labels_carry_no_pids():
     assert value(families, "trainguard_gpu_stalled", gpu="1") == 0
     assert value(families, "trainguard_gpu_utilization_ratio", gpu="1") == 0.9
     assert value(families, "trainguard_gpu_memory_used_bytes", gpu="0") == 70 * 2**30
+    assert value(families, "trainguard_gpu_compute_processes", gpu="0") == 1
+    assert value(families, "trainguard_nvml_state", state="ok") == 1
     assert value(families, "trainguard_alerts_firing", severity="critical") == 1
     assert value(families, "trainguard_alerts_firing", severity="warning") == 0
     assert value(families, "trainguard_cleanup_freed_bytes", policy="old-checkpoints") == 5 * 2**30

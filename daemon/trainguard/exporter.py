@@ -142,6 +142,13 @@ class ReadingsCollector:
         yield from (util, read, write)
 
     def _gpus(self, r: Readings) -> Iterator[Metric]:
+        status = getattr(r.snapshot, "gpu_status", None)
+        if status is not None:
+            nvml = GaugeMetricFamily("trainguard_nvml_state",
+                                     "1 for NVML's current state (ok, off, no_driver, mismatch, lost ...)",
+                                     labels=("state",))
+            nvml.add_metric((status.state.value,), 1)
+            yield nvml
         gpus: tuple[Any, ...] = getattr(r.snapshot, "gpus", ())
         if not gpus:
             return
