@@ -173,3 +173,30 @@ def test_scrape_while_a_mount_hangs_returns_promptly_with_responsive_0(tmp_path,
             # A thread waiting on a FUSE answer cannot be killed until the answer comes:
             # release it before the daemon is stopped.
             slowfs.unblock("statfs")
+
+
+def test_cleanup_freed_counter_follows_the_audit_totals(tmp_path):
+    from trainguard import config as configmod
+    from trainguard.actions.audit import AuditLog
+    from trainguard.service import Daemon
+    from trainguard.state import StateDb
+
+    state_dir = tmp_path / "state"
+    watched = tmp_path / "data"
+    watched.mkdir()
+    cfg = configmod.parse({"general": {"state_dir": str(state_dir)}, "gpu": {"enabled": False},
+                           "filesystems": {"paths": [str(watched)], "exclude": ["*"]}}, "test")
+    daemon = Daemon(configmod.Loaded(cfg, "test"))
+    try:
+        daemon.cycle()
+        assert daemon.readings.cleanup_freed is None  # no cleanup ever: no counter family
+        assert "trainguard_cleanup_freed_bytes" not in scrape(daemon.readings)
+        audit = AuditLog(StateDb(str(state_dir), check=False).connect())
+        audit.record("old-checkpoints", "/data", "/data/ckpt-1.pt", 3 * 2**30, 1, "older than the newest 3")
+        audit.flush()
+        audit.conn.close()
+        daemon.cycle()
+        families = scrape(daemon.readings)
+        assert value(families, "trainguard_cleanup_freed_bytes", policy="old-checkpoints") == 3 * 2**30
+    finally:
+        daemon.close()

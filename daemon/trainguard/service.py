@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sqlite3
 import threading
 from dataclasses import dataclass, field, replace
 from typing import Sequence
@@ -86,6 +87,15 @@ def status_line(snapshot: Snapshot, firing: int) -> str:
     parts.append(f"{gpus} GPU{'s' if gpus != 1 else ''}")
     parts.append(f"{firing} firing")
     return ", ".join(parts)
+
+
+def cleanup_freed_totals(conn: sqlite3.Connection) -> dict[str, int] | None:
+    """Bytes freed per policy since the state db was created (the audit log's running totals);
+    None before any cleanup has run. One tiny table: cheap enough to read every cycle."""
+    try:
+        return dict(conn.execute("SELECT policy, bytes FROM cleanup_totals"))
+    except sqlite3.OperationalError:  # the table does not exist until cleanup first runs
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,8 +255,14 @@ class Daemon:
         return Readings(
             snapshot=result.snapshot, ts=self.clock.time(), cycle_duration_s=result.duration_s,
             fill_eta=fill_etas(result.snapshot, self.history, self.config, now), firing=firing,
-            findings=result.findings,
+            findings=result.findings, cleanup_freed=self._cleanup_freed(),
         )
+
+    def _cleanup_freed(self) -> dict[str, int] | None:
+        totals = cleanup_freed_totals(self.heartbeat.conn)
+        if totals is None and self.cleanup is not None:
+            return {}  # cleanup configured, nothing freed yet: the counter family exists at 0 series
+        return totals
 
     def status_line(self) -> str:
         if self.latest is None:
