@@ -180,11 +180,13 @@ def test_diagnose_command_in_a_subprocess_with_the_fake_on_pythonpath(tmp_path):
     from tests.gpu_support import FAKE_DIR
     heartbeat = tmp_path / "heartbeat"
     heartbeat.write_text("")
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # Generous lifetimes: on a loaded machine the CLI may take a long while to start, and the
+    # heartbeat must still count as fresh and the holder still be alive when it looks.
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(900)"])
     try:
         script = {"gpus": [gpu_spec([{"at": 0, "mem_used": 76 * GiB,
                                       "processes": [{"pid": holder.pid, "used": 76 * GiB}]}],
-                                    heartbeat={"path": str(heartbeat), "fresh_s": 30, "busy": 97, "idle": 0})]}
+                                    heartbeat={"path": str(heartbeat), "fresh_s": 900, "busy": 97, "idle": 0})]}
         (tmp_path / "nvml.json").write_text(json.dumps(script))
         daemon_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "daemon")
         env = dict(os.environ, PYTHONPATH=f"{FAKE_DIR}{os.pathsep}{daemon_dir}",
