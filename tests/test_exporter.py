@@ -200,3 +200,34 @@ def test_cleanup_freed_counter_follows_the_audit_totals(tmp_path):
         assert value(families, "trainguard_cleanup_freed_bytes", policy="old-checkpoints") == 3 * 2**30
     finally:
         daemon.close()
+
+
+def test_notify_failures_counter_counts_failed_delivery_attempts(tmp_path):
+    import socket
+
+    from trainguard import config as configmod
+    from trainguard.service import Daemon
+
+    with socket.socket() as s:  # a loopback port with nothing listening: connection refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    missing = tmp_path / "not-there"  # a watched path that does not exist fires a warning at once
+    cfg = configmod.parse({
+        "general": {"state_dir": str(tmp_path / "state")}, "gpu": {"enabled": False},
+        "filesystems": {"paths": [str(missing)], "exclude": ["*"]},
+        "notify": {"targets": [{"name": "down", "url": f"json://127.0.0.1:{port}/hook"}],
+                   "retry_initial": "100ms", "retry_max": "200ms", "group_interval": "0s"},
+    }, "test")
+    daemon = Daemon(configmod.Loaded(cfg, "test"))
+    try:
+        daemon.cycle()
+        assert daemon.readings.notify_failures == {"down": 0}
+        deadline = time.monotonic() + 30
+        while daemon.readings.notify_failures["down"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+            daemon.cycle()
+        failures = daemon.readings.notify_failures["down"]
+        assert failures >= 2, "the refused webhook was not retried and counted"
+        assert value(scrape(daemon.readings), "trainguard_notify_failures", target="down") == failures
+    finally:
+        daemon.close()

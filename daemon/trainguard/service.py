@@ -28,6 +28,7 @@ from trainguard.health import Heartbeat
 from trainguard.history import History
 from trainguard.notify import LogNotifier, Notifier
 from trainguard.logwatch import LogWatcher
+from trainguard.notify.outbox import failed_attempts
 from trainguard.notify.worker import OutboxNotifier
 from trainguard.records import AlertEvent, AlertStatus, Finding, NvmlState, NvmlStatus, Snapshot
 from trainguard.samplers.diskstats import DiskstatsSampler
@@ -256,6 +257,7 @@ class Daemon:
             snapshot=result.snapshot, ts=self.clock.time(), cycle_duration_s=result.duration_s,
             fill_eta=fill_etas(result.snapshot, self.history, self.config, now), firing=firing,
             findings=result.findings, cleanup_freed=self._cleanup_freed(),
+            notify_failures=self._notify_failures(),
         )
 
     def _cleanup_freed(self) -> dict[str, int] | None:
@@ -263,6 +265,11 @@ class Daemon:
         if totals is None and self.cleanup is not None:
             return {}  # cleanup configured, nothing freed yet: the counter family exists at 0 series
         return totals
+
+    def _notify_failures(self) -> dict[str, int] | None:
+        if not any(isinstance(n, OutboxNotifier) for n in self.notifiers):
+            return None  # no delivery targets: no counter family
+        return failed_attempts(self.heartbeat.conn, (t.name for t in self.config.notify.targets))
 
     def status_line(self) -> str:
         if self.latest is None:

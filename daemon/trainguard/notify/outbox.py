@@ -47,6 +47,23 @@ KEEP_DELIVERED = 24 * 3600.0  # delivered rows are kept for the "last 24 h" figu
 KEEP_FAILED = 7 * 86400.0
 
 
+FAILED_PREFIX = "failed:"
+
+
+def failed_attempts(conn: sqlite3.Connection, targets: Iterable[str]) -> dict[str, int]:
+    """target -> failed delivery attempts since the state db was created (0 for targets never failing)."""
+    counts = {t: 0 for t in targets}
+    try:
+        rows = conn.execute("SELECT name, value FROM outbox_counters WHERE name LIKE ?", (FAILED_PREFIX + "%",))
+        for name, value in rows:
+            target = name[len(FAILED_PREFIX):]
+            if target in counts:
+                counts[target] = int(value)
+    except sqlite3.OperationalError:  # no outbox yet
+        pass
+    return counts
+
+
 @dataclass(frozen=True, slots=True)
 class Entry:
     id: int
@@ -101,6 +118,12 @@ class Outbox:
     def _count(self, name: str, n: int) -> None:
         self.conn.execute("INSERT INTO outbox_counters (name, value) VALUES (?, ?) "
                           "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value", (name, n))
+
+    def count_failed_attempt(self, target: str) -> None:
+        """Failed delivery attempts per target only ever go up (rows get pruned): the metrics counter."""
+        with self.conn:
+            self.conn.execute("BEGIN IMMEDIATE")
+            self._count(f"{FAILED_PREFIX}{target}", 1)
 
     def due(self, target: str, now: float, limit: int, created_upto: float | None = None) -> list[Entry]:
         """The oldest due rows of one target, all for the same host (one message)."""

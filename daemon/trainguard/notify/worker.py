@@ -130,6 +130,7 @@ class TargetWorker:
                      "" if len(ids) == 1 else "s")
             return True
         reason = self.redactor(delivery.reason)
+        self.outbox.count_failed_attempt(self.name)
         if delivery.permanent:
             self.outbox.fail(ids, done, reason)
             log.error("target %r: cannot deliver, giving up on %d alert(s): %s", self.name, len(ids), reason)
