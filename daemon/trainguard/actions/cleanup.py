@@ -144,6 +144,17 @@ class _Run:
         if self.on_item is not None:
             self.on_item(item)
 
+    def deleted(self, policy: str, mount: str, path: str, nbytes: int, files: int, reason: str, age: float,
+                unit: bool, audit: AuditLog | None) -> None:
+        """add() for the age scan's hot path: the Item is built only when someone reads it."""
+        if audit is not None:
+            audit.record(policy, mount, path, nbytes, files, reason)
+        if self.on_item is not None or len(self.items) < self.max_items:
+            self.add(Item(path, nbytes, files, reason, age, unit))
+        else:
+            self.files += files
+            self.bytes += nbytes
+
 
 @dataclass(slots=True)
 class _AgePlan:
@@ -157,6 +168,25 @@ class _AgePlan:
     cap_need: int = 0
     busy: str = ""  # non-empty: a lock is held, leave this cache alone
     problems: dict[str, int] = field(default_factory=dict)  # walk problems seen while planning
+    dirs: list[_DirMarks] = field(default_factory=list)  # where pass 2 looks again, in post-order
+
+
+@dataclass(frozen=True, slots=True)
+class _DirMarks:
+    """A directory pass 2 revisits: what it was in pass 1 and which listing positions were candidates."""
+
+    path: str  # relative to the root, "" for the root
+    ino: int
+    mtime_ns: int  # unchanged mtime and ctime: no entry was added, removed or renamed since
+    ctime_ns: int
+    marks: bytes  # bit n set: the n-th entry read (counting from 1) was a candidate
+    rmdir: bool  # old enough to be removed once empty (remove_empty_dirs)
+
+
+@dataclass(slots=True)
+class _DeleteState:
+    cap_left: int  # bytes a size cap still has to take
+    freed: int = 0
 
 
 class CleanupRunner:
@@ -258,7 +288,8 @@ class CleanupRunner:
                 chosen = plan if need is None else _take_until(plan, need)
                 files, nbytes = sum(c.files for c in chosen), sum(c.bytes for c in chosen)
             else:
-                plan = self._plan_age(policy, o, below, run, now)
+                remove_dirs = isinstance(policy, AgePolicy) and policy.remove_empty_dirs and need is None
+                plan = self._plan_age(policy, o, below, run, now, remove_dirs)
                 if plan.busy:
                     notes[o.path] = plan.busy
                     plans.append((o, mount, below, usage, None, 0))
@@ -399,9 +430,18 @@ class CleanupRunner:
                 os.close(pfd)
 
     # ------------------------------------------------------------ age and caches
+    #
+    # Two passes, because max_delete must be checked against the whole plan before
+    # anything goes. Pass 1 stats every entry once and keeps, per directory holding
+    # candidates, a small record: the directory's identity and change times and one
+    # bit per listing position that was a candidate. Pass 2 reopens only those
+    # directories and re-stats only the marked entries, re-judging each one from that
+    # fresh lstat with every rule (identity, filesystem, grace, age, open files) just
+    # before the unlink. The marks only choose what to look at again: a directory
+    # changed since pass 1 (other mtime/ctime) is judged entry by entry in full.
 
     def _judge_fn(self, policy: AgePolicy | CachePolicy, kind: sel.CacheKind | None, run: _Run, now: float,
-                  plan: _AgePlan | None) -> Callable[[walker.Entry], tuple[float, int, int, bool] | None]:
+                  plan: _AgePlan | None) -> Callable[[int, str, str, os.stat_result, bool], tuple[float, int, int, bool] | None]:
         """A judge with the globs compiled and the times precomputed: it runs once per entry."""
         excluded = sel.globset(policy.exclude)
         wanted = sel.globset(policy.patterns)
@@ -413,18 +453,17 @@ class CleanupRunner:
         by_mtime = age_by == ("mtime",)
         is_reg, is_lnk = stat_mod.S_ISREG, stat_mod.S_ISLNK
 
-        def judge(entry: walker.Entry) -> tuple[float, int, int, bool] | None:
-            name, path, st = entry.name, entry.path, entry.st
+        def judge(dir_fd: int, name: str, path: str, st: os.stat_result, is_dir: bool) -> tuple[float, int, int, bool] | None:
             if excluded(name, path) or (kind_exclude and sel.matches_any_part(path, kind_exclude)):
-                if locks is not None and plan is not None and not entry.is_dir and locks(name, path):
+                if locks is not None and plan is not None and not is_dir and locks(name, path):
                     if self.open_files.is_open(st.st_dev, st.st_ino):
                         plan.busy = f"in use: {path} is held by a process"
                 return None
-            if entry.is_dir:
+            if is_dir:
                 if units is None or "/" in path or not units(name, path):
                     return None
                 try:
-                    unit = walker.measure_unit(entry.dir_fd, name, st.st_dev, self.hook)
+                    unit = walker.measure_unit(dir_fd, name, st.st_dev, self.hook)
                 except OSError as exc:
                     run.skip(walker.classify_error(exc), path, exc.strerror or "")
                     return None
@@ -449,52 +488,105 @@ class CleanupRunner:
 
         return judge
 
-    def _walk_age(self, policy, o: OpenedRoot, below: frozenset[str], kind, run: _Run, *, post_order: bool,
-                  into_excluded: bool = False) -> Iterator[walker.Entry]:
-        def descend(entry: walker.Entry) -> bool:
-            if sel.matches(entry.name, entry.path, policy.exclude):
-                return False
-            if kind is not None:
-                if "/" not in entry.path and sel.matches(entry.name, entry.path, kind.unit_globs):
-                    return False
-                # The planning pass looks into a cache's own lock directory (.locks) to see held locks.
-                if not into_excluded and sel.matches(entry.name, entry.path, kind.exclude):
-                    return False
-            return True
+    def _enters_fn(self, policy: AgePolicy | CachePolicy, kind: sel.CacheKind | None) -> Callable[[str, str], bool]:
+        """Which directories the age scan enters (excluded ones and cache units are not)."""
+        excluded = sel.globset(policy.exclude)
+        units = sel.globset(kind.unit_globs) if kind else None
 
-        return walker.walk(o.fd, dev=o.dev, descend=descend, prune_paths=below, post_order=post_order,
-                           on_problem=lambda p: run.skip(p.reason, p.path, p.detail), hook=self.hook)
+        def enters(name: str, path: str) -> bool:
+            if excluded(name, path):
+                return False
+            # Cache units are judged whole; a cache's own excluded directories (.locks) are
+            # entered, so that held locks are seen, but nothing in them is ever a candidate.
+            return units is None or "/" in path or not units(name, path)
+
+        return enters
 
     def _plan_age(self, policy: AgePolicy | CachePolicy, o: OpenedRoot, below: frozenset[str],
-                  run: _Run, now: float) -> _AgePlan:
+                  run: _Run, now: float, remove_dirs: bool) -> _AgePlan:
         kind = sel.CACHE_KINDS[policy.type] if isinstance(policy, CachePolicy) else None
         plan = _AgePlan()
         all_hist = sel.AgeHistogram() if getattr(policy, "max_size", None) is not None else None
         older_than = policy.older_than
+        # A size cap may take entries younger than older_than: mark every eligible one then.
+        mark_from = -math.inf if all_hist is not None or older_than is None else older_than
         scratch = _Run(0, None)  # pass 1 skips are counted again in pass 2; count them once
         self.open_files.refresh()
         judge = self._judge_fn(policy, kind, scratch, now, plan)
-        for entry in self._walk_age(policy, o, below, kind, scratch, post_order=False, into_excluded=True):
-            judged = judge(entry)
-            if judged is None:
-                if not entry.is_dir and kind is not None:
-                    plan.total_bytes += sel.freed_bytes(entry.st)
-                continue
-            age_ts, nbytes, files, _unit = judged
-            age = now - age_ts
-            plan.total_bytes += nbytes
-            if all_hist is not None:
-                all_hist.add(age, nbytes, files)
-            if older_than is None or age >= older_than:
-                plan.hist.add(age, nbytes, files)
-                if older_than is not None:
-                    plan.expired_files += files
-                    plan.expired_bytes += nbytes
-        plan.problems = {r: n for r, n in scratch.skipped.items() if r != "grace"}
+        enters = self._enters_fn(policy, kind)
+        dev, hist = o.dev, plan.hist
+        is_dir_mode, freed = stat_mod.S_ISDIR, sel.freed_bytes
+
+        def problem(p: walker.WalkProblem) -> None:
+            scratch.skip(p.reason, p.path, p.detail)
+
+        for lst in walker.scan(o.fd, dev=dev, on_problem=problem, hook=self.hook):
+            fd, prefix, pos, marks = lst.fd, lst.prefix, lst.pos, lst.marks
+            try:
+                # The hot loop: one lstat per entry (fstatat on the directory fd), no
+                # per-entry objects beyond the stat result.
+                for dirent in lst.entries:
+                    pos += 1
+                    name = dirent.name
+                    path = prefix + name
+                    if below and path in below:
+                        continue  # a mount point: never entered nor judged
+                    try:
+                        st = dirent.stat(follow_symlinks=False)
+                    except OSError as exc:
+                        problem(walker.WalkProblem(path, walker.classify_error(exc), exc.strerror or ""))
+                        continue
+                    if st.st_dev != dev:
+                        scratch.skip("other-filesystem", path, "on another filesystem")
+                        continue
+                    is_dir = is_dir_mode(st.st_mode)
+                    judged = judge(fd, name, path, st, is_dir)
+                    if judged is None:
+                        if is_dir:
+                            if enters(name, path):
+                                lst.pos, lst.marks, lst.enter = pos, marks, (name, st)
+                                break
+                        elif kind is not None:
+                            plan.total_bytes += freed(st)
+                        continue
+                    age_ts, nbytes, files, _unit = judged
+                    age = now - age_ts
+                    plan.total_bytes += nbytes
+                    if all_hist is not None:
+                        all_hist.add(age, nbytes, files)
+                    if older_than is None or age >= older_than:
+                        hist.add(age, nbytes, files)
+                        if older_than is not None:
+                            plan.expired_files += files
+                            plan.expired_bytes += nbytes
+                    if age >= mark_from:
+                        if marks is None:
+                            marks = bytearray()
+                        byte = pos >> 3
+                        if byte >= len(marks):
+                            marks.extend(bytes(byte + 1 - len(marks)))
+                        marks[byte] |= 1 << (pos & 7)
+                else:
+                    self._plan_dir(plan, lst, marks, remove_dirs, now, older_than)
+            except OSError as exc:  # reading the directory failed (e.g. removed under us)
+                problem(walker.WalkProblem(lst.path or ".", walker.classify_error(exc), exc.strerror or ""))
+                self._plan_dir(plan, lst, marks, remove_dirs, now, older_than)
+        plan.problems = dict(scratch.skipped)
         if all_hist is not None and plan.total_bytes > policy.max_size:
             plan.cap_need = plan.total_bytes - policy.max_size
             plan.cap_min_age, _f, _b = all_hist.cutoff_for(plan.cap_need)
         return plan
+
+    @staticmethod
+    def _plan_dir(plan: _AgePlan, lst: walker.Listing, marks: bytearray | None, remove_dirs: bool,
+                  now: float, older_than: float | None) -> None:
+        """A directory fully read in pass 1: remember it if pass 2 has anything to do there."""
+        st = lst.st
+        # Reading a directory bumps its atime, so directories are aged by mtime/ctime only.
+        rmdir = bool(remove_dirs and lst.path and now - max(st.st_mtime, st.st_ctime) >= older_than)
+        if marks or rmdir:
+            plan.dirs.append(_DirMarks(lst.path, st.st_ino, st.st_mtime_ns, st.st_ctime_ns,
+                                       bytes(marks or b""), rmdir))
 
     def _delete_age(self, policy, o: OpenedRoot, mount: str, below: frozenset[str], plan: _AgePlan,
                     need: int | None, run: _Run, dry_run: bool, now: float) -> None:
@@ -506,71 +598,120 @@ class CleanupRunner:
             min_age = max(min_age, older_than or 0.0)
         else:
             min_age = older_than if older_than is not None else math.inf
-        cap_left = plan.cap_need
-        freed = 0
+        state = _DeleteState(plan.cap_need)
         reason = sel.age_reason(policy, need is not None)
         cap_reason = f"{policy.type}: over max_size {format_bytes(getattr(policy, 'max_size', 0) or 0)}, oldest first"
         prefix = o.path.rstrip("/") + "/"
-        remove_dirs = isinstance(policy, AgePolicy) and policy.remove_empty_dirs and need is None
         judge = self._judge_fn(policy, kind, run, now, None)
-        for entry in self._walk_age(policy, o, below, kind, run, post_order=remove_dirs):
-            if entry.post:
-                self._remove_empty_dir(policy, o, mount, entry, run, dry_run, now)
-                continue
-            judged = judge(entry)
-            if judged is None:
-                continue
-            age_ts, nbytes, files, is_unit = judged
-            age = now - age_ts
-            by_cap = False
-            if age < min_age:
-                # Not expired; a cache above max_size still loses its oldest entries.
-                if cap_left <= 0 or age < plan.cap_min_age:
-                    continue
-                by_cap = True
-            if need is not None and self._reached(o, need, freed, dry_run, policy.low):
-                return
-            path = prefix + entry.path
-            if is_unit:
-                unit = walker.measure_unit(entry.dir_fd, entry.name, o.dev, self.hook)
-                if self.open_files.any_open(unit.inodes):
-                    run.skip("open", path)
-                    continue
-            elif self.open_files.is_open(entry.st.st_dev, entry.st.st_ino):
-                run.skip("open", path)
-                continue
-            item = Item(path, nbytes, files, cap_reason if by_cap else reason, age, is_unit)
-            if not dry_run:
-                try:
-                    if self.hook is not None:
-                        self.hook("before_delete", entry.path)
-                    if is_unit:
-                        walker.remove_tree_at(entry.dir_fd, entry.name, o.dev, entry.st.st_ino)
-                    else:
-                        os.unlink(entry.name, dir_fd=entry.dir_fd)
-                except OSError as exc:
-                    run.skip(walker.classify_error(exc), path, exc.strerror or "")
-                    continue
-                self._audit(policy.name, mount, item)
-            run.add(item)
-            freed += nbytes
-            if by_cap:
-                cap_left -= nbytes
-
-    def _remove_empty_dir(self, policy: AgePolicy, o: OpenedRoot, mount: str, entry: walker.Entry,
-                          run: _Run, dry_run: bool, now: float) -> None:
-        # Reading a directory bumps its atime, so directories are aged by mtime/ctime only.
-        if dry_run or sel.matches(entry.name, entry.path, policy.exclude):
-            return
-        if now - max(entry.st.st_mtime, entry.st.st_ctime) < policy.older_than:
-            return
+        chain = walker.DirChain(o.fd, o.dev, self.hook)
         try:
-            os.rmdir(entry.name, dir_fd=entry.dir_fd)  # the kernel refuses a non-empty directory
+            for rec in plan.dirs:  # in pass 1's post-order: a directory after its subdirectories
+                try:
+                    fd, dst = chain.open(rec.path)
+                except OSError as exc:
+                    run.skip(walker.classify_error(exc), prefix + rec.path, exc.strerror or "")
+                    continue
+                if dst.st_ino != rec.ino:
+                    run.skip("replaced", prefix + rec.path, "not the directory that was judged")
+                    continue
+                everything = (dst.st_mtime_ns, dst.st_ctime_ns) != (rec.mtime_ns, rec.ctime_ns)
+                if rec.marks or everything:
+                    done = self._delete_in_dir(
+                        policy, o, mount, below, plan, need, run, dry_run, now, fd, rec,
+                        None if everything else rec.marks, judge, min_age, state, reason, cap_reason, prefix)
+                    if done:
+                        return
+                if rec.rmdir:
+                    self._remove_empty_dir(policy, o, mount, chain, rec.path, dst, run, dry_run, now)
+        finally:
+            chain.close()
+
+    def _delete_in_dir(self, policy, o: OpenedRoot, mount: str, below: frozenset[str], plan: _AgePlan,
+                       need: int | None, run: _Run, dry_run: bool, now: float, fd: int, rec: _DirMarks,
+                       marks: bytes | None, judge, min_age: float, state: _DeleteState, reason: str,
+                       cap_reason: str, prefix: str) -> bool:
+        """Pass 2 in one directory: re-judge the marked entries (all of them if marks is None)
+        from a fresh lstat and delete those still due. True: the watermark run is done."""
+        dev = o.dev
+        dir_prefix = rec.path + "/" if rec.path else ""
+        nmarks = len(marks) if marks is not None else 0
+        pos = 0
+        try:
+            with os.scandir(fd) as entries:
+                for dirent in entries:
+                    pos += 1
+                    if marks is not None and not ((pos >> 3) < nmarks and marks[pos >> 3] >> (pos & 7) & 1):
+                        continue
+                    name = dirent.name
+                    relpath = dir_prefix + name
+                    if below and relpath in below:
+                        continue
+                    path = prefix + relpath
+                    try:
+                        st = dirent.stat(follow_symlinks=False)
+                    except OSError as exc:
+                        run.skip(walker.classify_error(exc), path, exc.strerror or "")
+                        continue
+                    if st.st_dev != dev:
+                        run.skip("other-filesystem", path, "on another filesystem")
+                        continue
+                    is_dir = stat_mod.S_ISDIR(st.st_mode)
+                    judged = judge(fd, name, relpath, st, is_dir)
+                    if judged is None:
+                        continue
+                    age_ts, nbytes, files, is_unit = judged
+                    age = now - age_ts
+                    by_cap = False
+                    if age < min_age:
+                        # Not expired; a cache above max_size still loses its oldest entries.
+                        if state.cap_left <= 0 or age < plan.cap_min_age:
+                            continue
+                        by_cap = True
+                    if need is not None and self._reached(o, need, state.freed, dry_run, policy.low):
+                        return True
+                    if is_unit:
+                        unit = walker.measure_unit(fd, name, dev, self.hook)
+                        if self.open_files.any_open(unit.inodes):
+                            run.skip("open", path)
+                            continue
+                    elif self.open_files.is_open(st.st_dev, st.st_ino):
+                        run.skip("open", path)
+                        continue
+                    if not dry_run:
+                        try:
+                            if self.hook is not None:
+                                self.hook("before_delete", relpath)
+                            if is_unit:
+                                walker.remove_tree_at(fd, name, dev, st.st_ino)
+                            else:
+                                os.unlink(name, dir_fd=fd)
+                        except OSError as exc:
+                            run.skip(walker.classify_error(exc), path, exc.strerror or "")
+                            continue
+                    run.deleted(policy.name, mount, path, nbytes, files, cap_reason if by_cap else reason, age,
+                                is_unit, None if dry_run else self.audit)
+                    state.freed += nbytes
+                    if by_cap:
+                        state.cap_left -= nbytes
+        except OSError as exc:  # reading the directory failed
+            run.skip(walker.classify_error(exc), prefix + rec.path, exc.strerror or "")
+        return False
+
+    def _remove_empty_dir(self, policy: AgePolicy, o: OpenedRoot, mount: str, chain: walker.DirChain,
+                          relpath: str, dst: os.stat_result, run: _Run, dry_run: bool, now: float) -> None:
+        # dst was taken when the directory was opened, before its contents were cleaned;
+        # reading a directory bumps its atime, so directories are aged by mtime/ctime only.
+        if dry_run or now - max(dst.st_mtime, dst.st_ctime) < policy.older_than:
+            return
+        path = os.path.join(o.path, relpath)
+        try:
+            os.rmdir(relpath.rpartition("/")[2], dir_fd=chain.parent_fd)  # the kernel refuses a non-empty directory
         except OSError as exc:
             if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT, errno.EBUSY):
-                run.skip(walker.classify_error(exc), os.path.join(o.path, entry.path), exc.strerror or "")
+                run.skip(walker.classify_error(exc), path, exc.strerror or "")
             return
-        item = Item(os.path.join(o.path, entry.path) + "/", 0, 0, "empty directory", now - entry.st.st_mtime)
+        chain.forget_last()
+        item = Item(path + "/", 0, 0, "empty directory", now - dst.st_mtime)
         self._audit(policy.name, mount, item)
         run.dirs += 1
 

@@ -186,6 +186,128 @@ def _close(fd: int, it: Iterator[os.DirEntry[str]]) -> None:
     os.close(fd)
 
 
+class Listing:
+    """One directory being read by scan(). The caller iterates `entries` itself (see scan)."""
+
+    __slots__ = ("fd", "path", "prefix", "st", "entries", "pos", "enter", "marks")
+
+    def __init__(self, fd: int, path: str, st: os.stat_result, entries: Iterator[os.DirEntry[str]]):
+        self.fd = fd
+        self.path = path  # relative to the scan root, "" for the root itself
+        self.prefix = path + "/" if path else ""
+        self.st = st  # fstat of the opened directory, taken before it was listed
+        self.entries = entries  # the scandir iterator, resumed where the caller left it
+        self.pos = 0  # entries the caller has consumed so far (its position in the listing)
+        self.enter: tuple[str, os.stat_result] | None = None  # set by the caller: descend into this
+        self.marks: bytearray | None = None  # caller's per-entry bitmap (see cleanup's age plan)
+
+
+def scan(root_fd: int, *, dev: int, on_problem: Callable[[WalkProblem], None], hook: Hook | None = None) -> Iterator[Listing]:
+    """Depth-first walk handing out whole listings, so the caller's per-entry loop is its own.
+
+    walk() costs a generator step and an Entry per entry; for a million-file tree the
+    caller's loop over `listing.entries` is the hot path instead. Protocol: for each
+    yielded listing, consume entries (counting them in listing.pos); to descend into a
+    subdirectory set listing.enter = (name, lstat) and break out; to finish the
+    directory, consume it to the end. scan() then yields the child's listing (opened
+    O_NOFOLLOW relative to the parent, same filesystem and inode as judged), and later
+    the parent again, positioned after the child. Memory is one fd and one iterator
+    per level of depth. Opening problems go to on_problem; the caller reports errors
+    raised while it reads entries.
+    """
+    first = os.dup(root_fd)
+    try:
+        root = Listing(first, "", os.fstat(first), os.scandir(first))
+    except OSError as exc:
+        os.close(first)
+        on_problem(WalkProblem(".", classify_error(exc), exc.strerror or str(exc)))
+        return
+    stack = [root]
+    try:
+        while stack:
+            here = stack[-1]
+            yield here
+            enter, here.enter = here.enter, None
+            if enter is None:  # the caller read the listing to its end
+                stack.pop()
+                _close(here.fd, here.entries)
+                continue
+            name, st = enter
+            path = here.prefix + name
+            if hook is not None:
+                hook("open_dir", path)
+            try:
+                child = os.open(name, _DIR_FLAGS, dir_fd=here.fd)
+            except OSError as exc:
+                on_problem(WalkProblem(path, classify_error(exc), exc.strerror or str(exc)))
+                continue
+            try:
+                cst = os.fstat(child)
+                if cst.st_dev != dev:
+                    raise OSError(errno.EXDEV, "directory is on another filesystem")
+                if cst.st_ino != st.st_ino:
+                    raise OSError(errno.ENOENT, "directory was replaced during the scan")
+                stack.append(Listing(child, path, cst, os.scandir(child)))
+            except OSError as exc:
+                os.close(child)
+                on_problem(WalkProblem(path, classify_error(exc), exc.strerror or str(exc)))
+    finally:
+        for here in reversed(stack):
+            _close(here.fd, here.entries)
+
+
+class DirChain:
+    """Reopens directories below a root by relative path, keeping the ancestors open for the next one.
+
+    Paths given in depth-first post-order (children before their parent) reuse the
+    open prefix, so each directory is opened once. Every component is opened
+    O_NOFOLLOW|O_DIRECTORY relative to its parent and must be on the root's filesystem.
+    The fstat taken when a directory was opened is kept: for a parent, that is before
+    its children were cleaned.
+    """
+
+    def __init__(self, root_fd: int, dev: int, hook: Hook | None = None):
+        self.dev = dev
+        self.hook = hook
+        fd = os.dup(root_fd)
+        self._names: list[str] = []
+        self._open: list[tuple[int, os.stat_result]] = [(fd, os.fstat(fd))]
+
+    def open(self, relpath: str) -> tuple[int, os.stat_result]:
+        parts = relpath.split("/") if relpath else []
+        keep = 0
+        while keep < len(parts) and keep < len(self._names) and self._names[keep] == parts[keep]:
+            keep += 1
+        self._truncate(keep)
+        for part in parts[keep:]:
+            if part in ("", ".", ".."):
+                raise OSError(errno.EINVAL, "unexpected path component", relpath)
+            if self.hook is not None:
+                self.hook("open_dir", "/".join(self._names + [part]))
+            fd = open_dir_at(self._open[-1][0], part, self.dev)
+            self._names.append(part)
+            self._open.append((fd, os.fstat(fd)))
+        return self._open[-1]
+
+    @property
+    def parent_fd(self) -> int:
+        """The fd of the parent of the directory last opened."""
+        return self._open[-2][0]
+
+    def forget_last(self) -> None:
+        """Close the directory last opened (it was removed)."""
+        self._truncate(len(self._names) - 1)
+
+    def close(self) -> None:
+        self._truncate(0)
+        os.close(self._open[0][0])
+
+    def _truncate(self, depth: int) -> None:
+        while len(self._names) > depth:
+            self._names.pop()
+            os.close(self._open.pop()[0])
+
+
 class UnitStats(NamedTuple):
     bytes: int  # freed by deleting it (multi-linked files count 0)
     files: int
