@@ -263,6 +263,46 @@ def test_file_vanishing_between_scan_and_delete_is_skipped(tmp_path):
     assert names(root) == set() and report.files == 2 and report.skipped == {"vanished": 1}
 
 
+def _on_second_open(path: str, action):
+    """A hook running action when the delete pass reopens directory `path` (the plan pass opened it first)."""
+    seen = []
+
+    def hook(event, where):
+        if event == "open_dir" and where == path:
+            seen.append(where)
+            if len(seen) == 2:
+                action()
+
+    return hook
+
+
+def test_file_rewritten_between_plan_and_delete_is_kept(tmp_path):
+    root = tmp_path / "root"
+    for i in range(3):
+        make(root / "sub" / f"f{i}.dat")
+    # Written in place: the directory itself does not change, only the file's mtime.
+    hook = _on_second_open("sub", lambda: (root / "sub" / "f1.dat").write_bytes(b"fresh"))
+    report = runner(tmp_path, hook=hook).run(
+        policy(type="age", roots=[str(root)], age_by=["mtime"], older_than="1d", grace="0s"))
+    assert names(root) == {"sub", "sub/f1.dat"} and report.files == 2
+
+
+def test_directory_changed_between_plan_and_delete_is_judged_afresh(tmp_path):
+    root = tmp_path / "root"
+    for i in range(6):
+        make(root / "sub" / f"f{i}.dat", age=30 * DAY if i != 3 else 0)
+
+    def change():  # shifts the listing positions the plan marked
+        (root / "sub" / "f0.dat").unlink()
+        for i in range(4):
+            make(root / "sub" / f"g{i}.dat")  # created during the run: changed after it started, kept
+
+    report = runner(tmp_path, hook=_on_second_open("sub", change)).run(
+        policy(type="age", roots=[str(root)], age_by=["mtime"], older_than="1d", grace="0s"))
+    assert names(root) == {"sub", "sub/f3.dat"} | {f"sub/g{i}.dat" for i in range(4)}
+    assert report.files == 4
+
+
 def test_permission_denied_on_a_subtree_is_skipped(tmp_path):
     if os.geteuid() != 0:
         pytest.skip("needs root to drop the permission-override capabilities")

@@ -177,9 +177,11 @@ class _DirMarks:
 
     path: str  # relative to the root, "" for the root
     ino: int
-    mtime_ns: int  # unchanged mtime and ctime: no entry was added, removed or renamed since
+    mtime_ns: int  # changed mtime or ctime: entries were added, removed or renamed since
     ctime_ns: int
-    marks: bytes  # bit n set: the n-th entry read (counting from 1) was a candidate
+    count: int  # entries listed
+    order: int  # walker.listing_order over them: catches changes within one timestamp tick
+    marks: bytes  # bit n set: the n-th entry listed (counting from 1) was a candidate
     rmdir: bool  # old enough to be removed once empty (remove_empty_dirs)
 
 
@@ -516,17 +518,19 @@ class CleanupRunner:
         enters = self._enters_fn(policy, kind)
         dev, hist = o.dev, plan.hist
         is_dir_mode, freed = stat_mod.S_ISDIR, sel.freed_bytes
+        order_mul, order_mask = walker.ORDER_MUL, walker.ORDER_MASK
 
         def problem(p: walker.WalkProblem) -> None:
             scratch.skip(p.reason, p.path, p.detail)
 
         for lst in walker.scan(o.fd, dev=dev, on_problem=problem, hook=self.hook):
-            fd, prefix, pos, marks = lst.fd, lst.prefix, lst.pos, lst.marks
+            fd, prefix, pos, marks, order = lst.fd, lst.prefix, lst.pos, lst.marks, lst.order
             try:
                 # The hot loop: one lstat per entry (fstatat on the directory fd), no
                 # per-entry objects beyond the stat result.
                 for dirent in lst.entries:
                     pos += 1
+                    order = (order * order_mul ^ dirent.inode()) & order_mask  # walker.listing_order
                     name = dirent.name
                     path = prefix + name
                     if below and path in below:
@@ -544,7 +548,7 @@ class CleanupRunner:
                     if judged is None:
                         if is_dir:
                             if enters(name, path):
-                                lst.pos, lst.marks, lst.enter = pos, marks, (name, st)
+                                lst.pos, lst.marks, lst.order, lst.enter = pos, marks, order, (name, st)
                                 break
                         elif kind is not None:
                             plan.total_bytes += freed(st)
@@ -567,10 +571,10 @@ class CleanupRunner:
                             marks.extend(bytes(byte + 1 - len(marks)))
                         marks[byte] |= 1 << (pos & 7)
                 else:
-                    self._plan_dir(plan, lst, marks, remove_dirs, now, older_than)
+                    self._plan_dir(plan, lst, pos, marks, order, remove_dirs, now, older_than)
             except OSError as exc:  # reading the directory failed (e.g. removed under us)
                 problem(walker.WalkProblem(lst.path or ".", walker.classify_error(exc), exc.strerror or ""))
-                self._plan_dir(plan, lst, marks, remove_dirs, now, older_than)
+                self._plan_dir(plan, lst, pos, marks, order, remove_dirs, now, older_than)
         plan.problems = dict(scratch.skipped)
         if all_hist is not None and plan.total_bytes > policy.max_size:
             plan.cap_need = plan.total_bytes - policy.max_size
@@ -578,14 +582,14 @@ class CleanupRunner:
         return plan
 
     @staticmethod
-    def _plan_dir(plan: _AgePlan, lst: walker.Listing, marks: bytearray | None, remove_dirs: bool,
-                  now: float, older_than: float | None) -> None:
+    def _plan_dir(plan: _AgePlan, lst: walker.Listing, count: int, marks: bytearray | None, order: int,
+                  remove_dirs: bool, now: float, older_than: float | None) -> None:
         """A directory fully read in pass 1: remember it if pass 2 has anything to do there."""
         st = lst.st
         # Reading a directory bumps its atime, so directories are aged by mtime/ctime only.
         rmdir = bool(remove_dirs and lst.path and now - max(st.st_mtime, st.st_ctime) >= older_than)
         if marks or rmdir:
-            plan.dirs.append(_DirMarks(lst.path, st.st_ino, st.st_mtime_ns, st.st_ctime_ns,
+            plan.dirs.append(_DirMarks(lst.path, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, count, order,
                                        bytes(marks or b""), rmdir))
 
     def _delete_age(self, policy, o: OpenedRoot, mount: str, below: frozenset[str], plan: _AgePlan,
@@ -635,13 +639,16 @@ class CleanupRunner:
         dev = o.dev
         dir_prefix = rec.path + "/" if rec.path else ""
         nmarks = len(marks) if marks is not None else 0
-        pos = 0
+        order_mul, order_mask = walker.ORDER_MUL, walker.ORDER_MASK
+        pos = order = 0
         try:
             with os.scandir(fd) as entries:
                 for dirent in entries:
                     pos += 1
-                    if marks is not None and not ((pos >> 3) < nmarks and marks[pos >> 3] >> (pos & 7) & 1):
-                        continue
+                    if marks is not None:
+                        order = (order * order_mul ^ dirent.inode()) & order_mask  # walker.listing_order
+                        if not ((pos >> 3) < nmarks and marks[pos >> 3] >> (pos & 7) & 1):
+                            continue
                     name = dirent.name
                     relpath = dir_prefix + name
                     if below and relpath in below:
@@ -695,6 +702,12 @@ class CleanupRunner:
                         state.cap_left -= nbytes
         except OSError as exc:  # reading the directory failed
             run.skip(walker.classify_error(exc), prefix + rec.path, exc.strerror or "")
+            return False
+        if marks is not None and (pos, order) != (rec.count, rec.order):
+            # Listed differently than in pass 1 (a change within one timestamp tick):
+            # the marks may have pointed elsewhere, so judge every entry once more.
+            return self._delete_in_dir(policy, o, mount, below, plan, need, run, dry_run, now, fd, rec, None,
+                                       judge, min_age, state, reason, cap_reason, prefix)
         return False
 
     def _remove_empty_dir(self, policy: AgePolicy, o: OpenedRoot, mount: str, chain: walker.DirChain,

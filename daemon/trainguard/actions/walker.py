@@ -189,7 +189,7 @@ def _close(fd: int, it: Iterator[os.DirEntry[str]]) -> None:
 class Listing:
     """One directory being read by scan(). The caller iterates `entries` itself (see scan)."""
 
-    __slots__ = ("fd", "path", "prefix", "st", "entries", "pos", "enter", "marks")
+    __slots__ = ("fd", "path", "prefix", "st", "entries", "pos", "enter", "marks", "order")
 
     def __init__(self, fd: int, path: str, st: os.stat_result, entries: Iterator[os.DirEntry[str]]):
         self.fd = fd
@@ -200,6 +200,19 @@ class Listing:
         self.pos = 0  # entries the caller has consumed so far (its position in the listing)
         self.enter: tuple[str, os.stat_result] | None = None  # set by the caller: descend into this
         self.marks: bytearray | None = None  # caller's per-entry bitmap (see cleanup's age plan)
+        self.order = 0  # caller's fingerprint of the listing order so far (see listing_order)
+
+
+# Fingerprint of a directory listing's order, d_ino by d_ino (free from getdents): two
+# readings of a directory give the same value when they list the same inodes in the
+# same order, i.e. the n-th entry of one is the n-th entry of the other.
+ORDER_MASK = (1 << 64) - 1
+ORDER_MUL = 1000003
+
+
+def listing_order(order: int, ino: int) -> int:
+    """Fold one more entry into a listing-order fingerprint (inlined in hot loops)."""
+    return (order * ORDER_MUL ^ ino) & ORDER_MASK
 
 
 def scan(root_fd: int, *, dev: int, on_problem: Callable[[WalkProblem], None], hook: Hook | None = None) -> Iterator[Listing]:
