@@ -447,6 +447,10 @@ class CleanupRunner:
         """A judge with the globs compiled and the times precomputed: it runs once per entry."""
         excluded = sel.globset(policy.exclude)
         wanted = sel.globset(policy.patterns)
+        # The usual globs are name-only ("*.lock"; "*" for wanted): then one regex call, or none.
+        ex_simple = excluded.path_match is None and not excluded.everything
+        ex_name = excluded.name_match or (lambda _name: None)
+        wanted_all = wanted.everything
         kind_exclude = kind.exclude if kind else ()
         locks = sel.globset(kind.lock_globs) if kind else None
         units = sel.globset(kind.unit_globs) if kind else None
@@ -456,7 +460,8 @@ class CleanupRunner:
         is_reg, is_lnk = stat_mod.S_ISREG, stat_mod.S_ISLNK
 
         def judge(dir_fd: int, name: str, path: str, st: os.stat_result, is_dir: bool) -> tuple[float, int, int, bool] | None:
-            if excluded(name, path) or (kind_exclude and sel.matches_any_part(path, kind_exclude)):
+            if ((ex_name(name) if ex_simple else excluded(name, path))
+                    or (kind_exclude and sel.matches_any_part(path, kind_exclude))):
                 if locks is not None and plan is not None and not is_dir and locks(name, path):
                     if self.open_files.is_open(st.st_dev, st.st_ino):
                         plan.busy = f"in use: {path} is held by a process"
@@ -480,7 +485,7 @@ class CleanupRunner:
                     return None
                 return unit.newest_access, unit.bytes, unit.files, True
             mode = st.st_mode
-            if not (is_reg(mode) or is_lnk(mode)) or not wanted(name, path):
+            if not (is_reg(mode) or is_lnk(mode)) or not (wanted_all or wanted(name, path)):
                 return None
             if st.st_mtime > changed_after or st.st_ctime > changed_after:
                 run.skip("grace", path)
