@@ -364,6 +364,19 @@ def test_dry_run_touches_nothing_and_lists_everything(tmp_path):
     assert age.files == 1 and findings_for(ck) == []
 
 
+def test_checkpoints_saved_within_one_timestamp_tick_go_in_step_order(tmp_path):
+    root = tmp_path / "root"
+    for step in range(1, 9):
+        make(root / "run" / f"checkpoint-{step}" / "model.safetensors", 2048)
+    tick = time.time() - DAY
+    for step in range(1, 9):
+        os.utime(root / "run" / f"checkpoint-{step}", (tick, tick))
+    seen = []
+    runner(tmp_path, DAY).run(policy(type="checkpoints", roots=[str(root)], keep_last=3), dry_run=True,
+                              on_item=seen.append)
+    assert [os.path.basename(i.path) for i in seen] == [f"checkpoint-{s}" for s in range(1, 6)]
+
+
 def test_deletions_are_audited_and_reported(tmp_path):
     root = tmp_path / "runs"
     for step in range(1, 8):

@@ -174,6 +174,9 @@ def _select_group(root: str, members: list[CheckpointItem], policy: CheckpointsP
         if policy.older_than is not None:
             reason += f", older than {format_duration(policy.older_than)}"
         out.append(Candidate(root, item.relpath, item.dev, item.ino, item.bytes, item.files, item.is_unit, item.mtime, reason))
+    # Oldest first, so the caller's stable sort by age keeps step order among equal mtimes
+    # (checkpoints saved within one timestamp tick).
+    out.reverse()
     return out
 
 
