@@ -1,0 +1,47 @@
+"""The scaled-down field workloads, shared by the scenario tests and ``bench/report``.
+
+Scenario A is the "No space left on device at hour 30" report compressed into
+seconds: a 64 MiB ext4 disk (about 53 MiB usable), a 4 MiB checkpoint every
+second and a few scratch files. Left alone it fills the disk around epoch 13 of
+16; with a keep-last-3 checkpoint policy on a 75 % watermark one cleanup is
+enough for the run to finish.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.scenarios.harness import TRAINER
+
+
+@dataclass(frozen=True, slots=True)
+class DiskFillWorkload:
+    fs_bytes: int = 64 * 2**20
+    epochs: int = 16
+    ckpt_bytes: int = 4 * 2**20
+    tmp_bytes: int = 128 * 2**10
+    epoch_seconds: float = 1.0
+
+    @property
+    def written_bytes(self) -> int:
+        """What the run writes in checkpoints and scratch files (logs come on top)."""
+        return self.epochs * (self.ckpt_bytes + self.tmp_bytes)
+
+    def dirs(self, mountpoint: Path) -> dict[str, Path]:
+        run = mountpoint / "runs" / "resnet50"
+        return {"ckpt": run / "checkpoints", "logs": run / "logs", "tmp": mountpoint / "tmp"}
+
+    def trainer_args(self, mountpoint: Path, manifest: Path) -> list[str]:
+        d = self.dirs(mountpoint)
+        return [str(TRAINER), "--ckpt-dir", str(d["ckpt"]), "--log-dir", str(d["logs"]), "--tmp-dir", str(d["tmp"]),
+                "--manifest", str(manifest), "--epochs", str(self.epochs), "--ckpt-size", str(self.ckpt_bytes),
+                "--tmp-size", str(self.tmp_bytes), "--epoch-seconds", str(self.epoch_seconds)]
+
+
+def read_manifest(path: Path) -> list[dict]:
+    """The trainer's record of every checkpoint it saved, in order."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
