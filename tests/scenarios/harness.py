@@ -136,8 +136,8 @@ class Trainguard(Child):
                  extra_args: Sequence[str] = ()) -> None:
         self.config_path = config_path
         self.state_dir = state_dir
-        argv = [sys.executable, "-m", "trainguard", "--config", str(config_path), "--state-dir", str(state_dir),
-                "run", *extra_args]
+        argv = [sys.executable, "-m", "trainguard", "run", "--config", str(config_path), "--state-dir", str(state_dir),
+                *extra_args]
         super().__init__(name, argv, log_path, env)
 
     def write_config(self, text: str) -> None:
@@ -204,3 +204,35 @@ class Processes:
 def processes(workdir: Path) -> Iterator[Processes]:
     with Processes(workdir) as procs:
         yield procs
+
+
+def recorded_points(state_dir: Path, series: str) -> list[tuple[float, float]]:
+    """The raw samples the daemon has recorded for ``series`` in its state database (read-only)."""
+    import sqlite3
+
+    db = Path(state_dir) / "state.db"
+    if not db.exists():
+        return []
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5.0)
+    try:
+        return conn.execute(
+            "SELECT s.ts, s.value FROM samples s JOIN series n ON n.id = s.series_id WHERE n.name = ? ORDER BY s.ts",
+            (series,)).fetchall()
+    except sqlite3.OperationalError:  # tables not created yet
+        return []
+    finally:
+        conn.close()
+
+
+def missing_feature(*modules: str) -> str | None:
+    """Why a scenario cannot run on this build: the first trainguard module it needs that is absent."""
+    import importlib.util
+
+    for module in modules:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:
+            found = False
+        if not found:
+            return f"this build has no {module}"
+    return None

@@ -45,3 +45,65 @@ def read_manifest(path: Path) -> list[dict]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+# The daemon's timing for scenario A, scaled like the workload (1 s of test ~ 1 h of the field run).
+A_INTERVAL_S = 1.0
+A_KEEP_FIRING_S = 10.0  # a cleanup moves the trend for a few seconds; the warning must not flap with it
+
+
+def disk_fill_config(mountpoint: Path, webhook_url: str | None, workload: DiskFillWorkload = DiskFillWorkload(),
+                     *, cleanup: bool = True) -> str:
+    """trainguard config for scenario A: watch only the test disk, forecast on a 60 s window,
+    keep the last 3 checkpoints once the disk is 75 % full, send alerts to a JSON webhook."""
+    runs = mountpoint / "runs"
+    text = f"""
+[general]
+interval = "{A_INTERVAL_S:g}s"
+
+[filesystems]
+paths = ["{mountpoint}"]
+exclude = ["*"]            # only the test disk: other mounts on a CI host are not this test's business
+warning = "90%"
+critical = "95%"
+
+[forecast]
+window = "60s"
+min_span = "5s"
+warning = "60s"            # the field report's "warn 6 h ahead", scaled
+critical = "2s"
+
+[alerts]
+keep_firing_for = "{A_KEEP_FIRING_S:g}s"
+
+[gpu]
+enabled = false
+
+[metrics]
+listen = ""
+"""
+    if webhook_url is not None:
+        text += f"""
+[notify]
+group_interval = "0s"
+retry_initial = "1s"
+retry_max = "2s"
+
+[[notify.targets]]
+name = "webhook"
+url = "{webhook_url.replace("http://", "json://", 1)}/hook"
+"""
+    if cleanup:
+        text += f"""
+[[cleanup]]
+name = "checkpoints"
+type = "checkpoints"
+roots = ["{runs}"]
+patterns = ["*.pth"]
+keep_last = 3
+watermark = true
+high = "75%"
+low = "20%"
+grace = "1s"
+"""
+    return text
