@@ -59,7 +59,7 @@ def run_disk_fill(workdir: Path, mountpoint: Path, *, workload: DiskFillWorkload
     with Processes(workdir / "procs") as procs:
         daemon: Trainguard | None = None
         if guarded:
-            daemon = procs.trainguard(disk_fill_config(mountpoint, receiver.url if receiver else None, workload))
+            daemon = procs.trainguard(disk_fill_config(mountpoint, receiver.url if receiver else None))
             wait_until(lambda: len(recorded_points(daemon.state_dir, avail_series)) >= 2, 30,
                        "trainguard watching the disk", abort=daemon.died)
         trainer = procs.python(*workload.trainer_args(mountpoint, manifest), name="trainer")

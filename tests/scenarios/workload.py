@@ -2,9 +2,10 @@
 
 Scenario A is the "No space left on device at hour 30" report compressed into
 seconds: a 64 MiB ext4 disk (about 53 MiB usable), a 4 MiB checkpoint every
-second and a few scratch files. Left alone it fills the disk around epoch 13 of
-16; with a keep-last-3 checkpoint policy on a 75 % watermark one cleanup is
-enough for the run to finish.
+second and a few scratch files. Left alone it fills the disk at epoch 13 of
+15; with a keep-last-3 checkpoint policy on a 75 % watermark one cleanup is
+enough for the run to finish (and the disk ends below the watermark, so a
+longer wait cannot trigger a second one).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from tests.scenarios.harness import TRAINER
 @dataclass(frozen=True, slots=True)
 class DiskFillWorkload:
     fs_bytes: int = 64 * 2**20
-    epochs: int = 16
+    epochs: int = 15
     ckpt_bytes: int = 4 * 2**20
     tmp_bytes: int = 128 * 2**10
     epoch_seconds: float = 1.0
@@ -49,11 +50,11 @@ def read_manifest(path: Path) -> list[dict]:
 
 # The daemon's timing for scenario A, scaled like the workload (1 s of test ~ 1 h of the field run).
 A_INTERVAL_S = 1.0
-A_KEEP_FIRING_S = 10.0  # a cleanup moves the trend for a few seconds; the warning must not flap with it
+A_KEEP_FIRING_S = 5.0  # a cleanup moves the trend for a few seconds; the warning must not flap with it
 
 
-def disk_fill_config(mountpoint: Path, webhook_url: str | None, workload: DiskFillWorkload = DiskFillWorkload(),
-                     *, cleanup: bool = True) -> str:
+def disk_fill_config(mountpoint: Path, webhook_url: str | None, *, cleanup: bool = True,
+                     min_span: float = 5.0, keep_firing_for: float = A_KEEP_FIRING_S) -> str:
     """trainguard config for scenario A: watch only the test disk, forecast on a 60 s window,
     keep the last 3 checkpoints once the disk is 75 % full, send alerts to a JSON webhook."""
     runs = mountpoint / "runs"
@@ -69,12 +70,12 @@ critical = "95%"
 
 [forecast]
 window = "60s"
-min_span = "5s"
+min_span = "{min_span:g}s"
 warning = "60s"            # the field report's "warn 6 h ahead", scaled
 critical = "2s"
 
 [alerts]
-keep_firing_for = "{A_KEEP_FIRING_S:g}s"
+keep_firing_for = "{keep_firing_for:g}s"
 
 [gpu]
 enabled = false
