@@ -8,6 +8,7 @@ caller sees everything that did happen.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -35,6 +36,22 @@ class DiskFillRun:
     alerts: list[webhook.ReceivedAlert] = field(default_factory=list)
     avail: list[tuple[float, float]] = field(default_factory=list)  # the daemon's record of free bytes
     daemon_log: str = ""
+    intact: dict[int, bool] = field(default_factory=dict)  # epoch -> checksum matches, for checkpoints still there
+
+    @property
+    def deleted(self) -> list[dict]:
+        """Checkpoints the trainer saved that are gone (cleanup deleted them)."""
+        return [s for s in self.saved if s["epoch"] not in self.intact]
+
+    @property
+    def newest_intact(self) -> int:
+        """How many of the newest checkpoints, counting back from the last, exist with the right checksum."""
+        count = 0
+        for entry in reversed(self.saved):
+            if not self.intact.get(entry["epoch"]):
+                break
+            count += 1
+        return count
 
     @property
     def enospc(self) -> bool:
@@ -73,10 +90,20 @@ def run_disk_fill(workdir: Path, mountpoint: Path, *, workload: DiskFillWorkload
             except TimeoutError:
                 pass  # recorded by its absence in .alerts
             settle_cycles(daemon, avail_series)
-    return DiskFillRun(workload, status, trainer.output(), started_at, ended_at, read_manifest(manifest),
+    saved = read_manifest(manifest)
+    intact = {s["epoch"]: sha256_of(Path(s["path"])) == s["sha256"] for s in saved if Path(s["path"]).exists()}
+    return DiskFillRun(workload, status, trainer.output(), started_at, ended_at, saved,
                        webhook.received(receiver) if receiver else [],
                        recorded_points(daemon.state_dir, avail_series) if daemon else [],
-                       daemon.output() if daemon else "")
+                       daemon.output() if daemon else "", intact)
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def settle_cycles(daemon: Trainguard, series: str, cycles: int = 2, interval: float = 1.0) -> None:

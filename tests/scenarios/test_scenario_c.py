@@ -26,7 +26,7 @@ import pytest
 
 from tests.scenarios import webhook
 from tests.scenarios.harness import Processes, missing_feature, recorded_points, wait_until
-from tests.scenarios.runs import settle_cycles
+from tests.scenarios.runs import settle_cycles, sha256_of
 from tests.scenarios.workload import DiskFillWorkload, disk_fill_config, read_manifest
 
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(180)]
@@ -98,7 +98,9 @@ def test_bad_day(ext4_mount, tmp_path, http_receiver):
     # The run survived the bad day.
     saved = read_manifest(manifest)
     assert [s["epoch"] for s in saved] == list(range(1, WORKLOAD.epochs + 1))
-    assert all(Path(s["path"]).exists() for s in saved[-3:])
+    for entry in saved[-3:]:
+        path = Path(entry["path"])
+        assert path.exists() and sha256_of(path) == entry["sha256"], f"{path} missing or corrupt"
 
     # The outbox survived the SIGKILL: the warning from before the crash arrived once the receiver was back.
     assert warning.arrived_at >= back_at
