@@ -223,16 +223,3 @@ def recorded_points(state_dir: Path, series: str) -> list[tuple[float, float]]:
     finally:
         conn.close()
 
-
-def missing_feature(*modules: str) -> str | None:
-    """Why a scenario cannot run on this build: the first trainguard module it needs that is absent."""
-    import importlib.util
-
-    for module in modules:
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except ModuleNotFoundError:
-            found = False
-        if not found:
-            return f"this build has no {module}"
-    return None

@@ -13,14 +13,12 @@ from pathlib import Path
 import pytest
 
 from tests.scenarios import webhook
-from tests.scenarios.harness import missing_feature
 from tests.scenarios.runs import run_disk_fill
 from tests.scenarios.workload import DiskFillWorkload
 
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(180)]
 
 WORKLOAD = DiskFillWorkload()
-_MISSING = missing_feature("trainguard.notify.worker", "trainguard.actions.cleanup")
 
 
 @pytest.mark.parametrize("ext4_mount", [WORKLOAD.fs_bytes], indirect=True)
@@ -33,7 +31,6 @@ def test_without_trainguard_the_run_dies_with_enospc(ext4_mount, tmp_path):
     assert 0 < run.epochs_done < WORKLOAD.epochs, "the disk must fill before the last epoch"
 
 
-@pytest.mark.skipif(bool(_MISSING), reason=str(_MISSING))
 @pytest.mark.parametrize("ext4_mount", [WORKLOAD.fs_bytes], indirect=True)
 def test_with_trainguard_the_run_finishes(ext4_mount, tmp_path, http_receiver):
     run = run_disk_fill(tmp_path, ext4_mount, workload=WORKLOAD, receiver=http_receiver)

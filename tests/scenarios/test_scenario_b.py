@@ -20,16 +20,11 @@ from pathlib import Path
 import pytest
 
 from tests.scenarios import webhook
-from tests.scenarios.harness import missing_feature
 from tests.scenarios.runs import (B_DELIVERY_SLACK_S, B_HEARTBEAT_FRESH_S, B_INTERVAL_S, B_KEEP_FIRING_S,
                                   B_PROBE_TIMEOUT_S, B_STALL_FOR_S, SHARE_NAME, run_share_hang)
 from tests.support.slowfs import SlowFs, fuse_available
 
 pytestmark = [pytest.mark.fuse, pytest.mark.slow, pytest.mark.timeout(180)]
-
-_MISSING = missing_feature("trainguard.notify.worker", "trainguard.diagnosis", "trainguard.samplers.gpu")
-if _MISSING:
-    pytestmark.append(pytest.mark.skip(reason=_MISSING))
 
 
 @pytest.fixture

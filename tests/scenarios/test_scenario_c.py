@@ -25,15 +25,12 @@ from pathlib import Path
 import pytest
 
 from tests.scenarios import webhook
-from tests.scenarios.harness import Processes, missing_feature, recorded_points, wait_until
+from tests.scenarios.harness import Processes, recorded_points, wait_until
 from tests.scenarios.runs import settle_cycles, sha256_of
 from tests.scenarios.workload import DiskFillWorkload, disk_fill_config, read_manifest
 
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(180)]
 
-_MISSING = missing_feature("trainguard.notify.worker", "trainguard.actions.cleanup")
-if _MISSING:
-    pytestmark.append(pytest.mark.skip(reason=_MISSING))
 
 WORKLOAD = DiskFillWorkload(epoch_seconds=2.0)  # slower, so the bad things fit in before the cleanup
 MIN_SPAN_S = 8.0
