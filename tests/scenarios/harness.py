@@ -20,7 +20,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -200,12 +200,6 @@ class Processes:
         self.stop_all()
 
 
-@contextlib.contextmanager
-def processes(workdir: Path) -> Iterator[Processes]:
-    with Processes(workdir) as procs:
-        yield procs
-
-
 def recorded_points(state_dir: Path, series: str) -> list[tuple[float, float]]:
     """The raw samples the daemon has recorded for ``series`` in its state database (read-only)."""
     import sqlite3
@@ -223,3 +217,19 @@ def recorded_points(state_dir: Path, series: str) -> list[tuple[float, float]]:
     finally:
         conn.close()
 
+
+
+def pending_messages(state_dir: Path) -> int:
+    """Messages in the daemon's outbox not yet delivered (nor given up)."""
+    import sqlite3
+
+    db = Path(state_dir) / "state.db"
+    if not db.exists():
+        return 0
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5.0)
+    try:
+        return conn.execute("SELECT count(*) FROM outbox WHERE state = 'pending'").fetchone()[0]
+    except sqlite3.OperationalError:  # no outbox table: nothing was ever queued
+        return 0
+    finally:
+        conn.close()

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.scenarios import webhook
-from tests.scenarios.harness import TB_TRAINER, Processes, Trainguard, recorded_points, wait_until
+from tests.scenarios.harness import (TB_TRAINER, Processes, Trainguard, pending_messages, recorded_points,
+                                     wait_until)
 from tests.scenarios.workload import DiskFillWorkload, disk_fill_config, read_manifest
 from tests.support.http_receiver import HttpReceiver
 from tests.support.slowfs import SlowFs
@@ -107,11 +108,11 @@ def sha256_of(path: Path) -> str:
 
 
 def settle_cycles(daemon: Trainguard, series: str, cycles: int = 2, interval: float = 1.0) -> None:
-    """Wait until the daemon has recorded ``cycles`` more samples (and sent what they produced)."""
+    """Wait until the daemon has run ``cycles`` more cycles and delivered everything they queued."""
     since = time.time()
-    wait_until(lambda: (recorded_points(daemon.state_dir, series) or [(0.0, 0.0)])[-1][0] > since + cycles * interval,
-               10 + cycles * interval, f"{cycles} more daemon cycles", abort=daemon.died)
-    time.sleep(0.5)  # delivery of what the last cycle produced: the outbox worker sends at once
+    wait_until(lambda: (recorded_points(daemon.state_dir, series) or [(0.0, 0.0)])[-1][0] > since + cycles * interval
+               and pending_messages(daemon.state_dir) == 0,
+               15 + cycles * interval, f"{cycles} more daemon cycles and an empty outbox", abort=daemon.died)
 
 
 # ----------------------------------------------------------------------------- scenario B
@@ -272,7 +273,7 @@ def run_share_hang(workdir: Path, share: SlowFs, receiver: HttpReceiver, *, logs
             resumed = _progress(status_file)["written"] > written_then + 5
         settle_cycles(daemon, "gpu.util:0")
         event_file = _progress(status_file).get("event_file", "")
+    util = recorded_points(daemon.state_dir, "gpu.util:0")
     return ShareHangRun(logdir, trainer.pid, event_file, hung_at, computing_stopped_at, steps_during_hang,
                         recovered_at, resumed, webhook.received(receiver),
-                        [v for ts, v in recorded_points(daemon.state_dir, "gpu.util:0") if hung_wall < ts < recovered_wall],
-                        daemon.output(), trainer.output())
+                        [v for ts, v in util if hung_wall < ts < recovered_wall], daemon.output(), trainer.output())

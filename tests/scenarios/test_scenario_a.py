@@ -8,8 +8,6 @@ checkpoints intact, and the on-call person gets three messages, each once.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from tests.scenarios import webhook
