@@ -52,8 +52,10 @@ def test_hung_share_stalls_the_gpu_and_the_alert_says_why(share, tmp_path, http_
     assert unresponsive.details["mountpoint"] == str(share.mountpoint)
     assert unresponsive.details["fstype"] == f"fuse.{SHARE_NAME}"
     assert unresponsive.arrived_at - run.hung_at <= B_PROBE_TIMEOUT_S + B_INTERVAL_S + B_DELIVERY_SLACK_S + 1
+    # Each utilisation point averages the interval before it, so the window can be all-idle up to
+    # one interval early; that, and the driver's 1 s sample spacing, is the slack below `for`.
     late = stall.arrived_at - run.gpu_idle_from
-    assert B_STALL_FOR_S - B_INTERVAL_S <= late <= B_STALL_FOR_S + B_INTERVAL_S + B_DELIVERY_SLACK_S, (
+    assert B_STALL_FOR_S - 2 * B_INTERVAL_S <= late <= B_STALL_FOR_S + B_INTERVAL_S + B_DELIVERY_SLACK_S, (
         f"stall alert {late:.1f}s after the GPU went idle")
 
     # It says why, on one screen: who, which thread, which file, which mount, what to do.
