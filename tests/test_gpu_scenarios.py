@@ -35,7 +35,7 @@ def test_stall_fires_once_after_for_and_clears_when_utilisation_returns():
     assert 1200 + 300 - 30 <= t <= 1200 + 300 + 10, t
     assert event.finding.key == "gpu.stall:0"
     assert "stalled" in event.finding.summary and "76.0 GiB/80.0 GiB" in event.finding.summary
-    assert event.finding.details["util_mean"] <= 0.05
+    assert event.finding.details["util_mean_ratio"] <= 0.05
     assert event.finding.details["stalled_since"] - s.nvml.t0 == pytest.approx(1200, abs=10)
     resolved = s.resolved("gpu.stall")
     assert len(resolved) == 1

@@ -135,7 +135,7 @@ def detect_stall(cfg: GpuConfig, points: Points, snapshot: Snapshot, now: float,
             details={
                 "gpu": g.index, "uuid": g.uuid, "name": g.name,
                 "memory_used_bytes": g.memory_used_bytes, "memory_total_bytes": g.memory_total_bytes,
-                "util_mean": round(mean, 4), "util_recent": [round(v, 3) for _, v in window[-30:]],
+                "util_mean_ratio": round(mean, 4), "util_recent": [round(v, 3) for _, v in window[-30:]],
                 "stalled_since": since, "stalled_for_s": round(now - since, 1),
                 "processes": [{"host_pid": p.host_pid, "pid": p.pid, "used_memory_bytes": p.used_memory_bytes,
                                "note": p.note} for p in g.processes],

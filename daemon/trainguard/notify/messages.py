@@ -40,7 +40,8 @@ def _iso(ts: float | None) -> str | None:
 
 
 def format_detail(name: str, value: Any) -> str:
-    """Human units by the naming convention of detail keys (_bytes, _ratio, _seconds, _per_s)."""
+    """Human units by the naming convention of detail keys
+    (_bytes, _ratio, _seconds or _s, _per_s, _since or _at for wall times)."""
     if isinstance(value, bool) or value is None:
         return "-" if value is None else ("yes" if value else "no")
     if isinstance(value, (int, float)):
@@ -50,14 +51,17 @@ def format_detail(name: str, value: Any) -> str:
             return format_bytes(value)
         if name.endswith("_ratio"):
             return format_ratio(value)
-        if name.endswith("_seconds"):
+        if name.endswith(("_seconds", "_s")):
             return format_duration(value)
+        if name.endswith(("_since", "_at")):
+            return _when(value)
     if isinstance(value, (list, tuple)):
         return ", ".join(str(v) for v in value)
     return str(value)
 
 
-_UNIT_SUFFIXES = ("_bytes_per_second", "_bytes_per_s", "_bytes", "_ratio", "_seconds")
+_UNIT_SUFFIXES = ("_bytes_per_second", "_bytes_per_s", "_bytes", "_ratio", "_seconds", "_s")
+MAX_LIST_FACT = 8  # longer lists (utilisation traces) are for JSON receivers, not a phone screen
 
 
 def fact_label(name: str) -> str:
@@ -69,10 +73,19 @@ def fact_label(name: str) -> str:
     return name.replace("_", " ")
 
 
+def _for_people(name: str, value: Any) -> bool:
+    """Structured details (the stall diagnosis, process lists) and long traces stay in the JSON payload;
+    the person reads their gist in the summary and the verdict."""
+    if name == "action_taken" or isinstance(value, dict):
+        return False
+    if isinstance(value, (list, tuple)):
+        return len(value) <= MAX_LIST_FACT and not any(isinstance(v, (dict, list, tuple)) for v in value)
+    return True
+
+
 def _facts(f: Finding) -> list[tuple[str, str]]:
-    # diagnosis is structured data for JSON receivers; people get its verdict (a detail of its own)
     return [(fact_label(name), format_detail(name, value)) for name, value in f.details.items()
-            if name not in ("action_taken", "diagnosis")]
+            if _for_people(name, value)]
 
 
 def _headline(event: AlertEvent) -> str:
