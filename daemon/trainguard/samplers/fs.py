@@ -60,25 +60,31 @@ class _Probe:
     def busy(self) -> bool:
         return self.thread is not None and not self.done.is_set()
 
-    def kick(self, mono: float, wall: float, paths: Sequence[str], finished: threading.Condition) -> None:
+    def kick(self, mono: float, wall: float, paths: Sequence[str], finished: threading.Condition) -> bool:
+        """Start a probe unless one is still running; True when one was started."""
         if self.busy:
-            return  # still stuck in the kernel: never stack a second thread on it
+            return False  # still stuck in the kernel: never stack a second thread on it
         self.done = done = threading.Event()
         self.started_mono, self.started_wall = mono, wall
 
         def run() -> None:
+            result = _ProbeResult(None, "probe ended without an answer", ())
             try:
                 result = _ProbeResult(usage_from_statvfs(self.statvfs(self.reach(self.mount.mount_point))), None,
                                       tuple(p for p in paths if not os.path.lexists(self.reach(p))))
             except OSError as exc:
                 result = _ProbeResult(None, f"{exc.strerror or exc} (errno {exc.errno})", ())
-            self.last = result
-            with finished:
-                done.set()
-                finished.notify_all()
+            except Exception as exc:  # noqa: BLE001 - anything else must not leave the probe "busy" forever
+                result = _ProbeResult(None, f"{type(exc).__name__}: {exc}", ())
+            finally:
+                self.last = result
+                with finished:
+                    done.set()
+                    finished.notify_all()
 
         self.thread = threading.Thread(target=run, name=f"probe:{self.mount.mount_point}", daemon=True)
         self.thread.start()
+        return True
 
 
 class FsSampler:
@@ -126,11 +132,12 @@ class FsSampler:
         self._probes = current
         paths_of = {mp: [p for p in self.paths if mountinfo.containing_mount(p, watched) == probe.mount]
                     for mp, probe in current.items()}
-        for mp, probe in current.items():
-            probe.kick(mono, wall, paths_of[mp], self._finished)
+        # Wait only for the probes started now: one still stuck from an earlier cycle would make every
+        # cycle last `wait` longer while its mount hangs.
+        fresh = [probe for mp, probe in current.items() if probe.kick(mono, wall, paths_of[mp], self._finished)]
         deadline = mono + self.wait
         with self._finished:
-            while any(p.busy for p in current.values()):
+            while any(p.busy for p in fresh):
                 left = deadline - self.clock.monotonic()
                 if left <= 0:
                     break
