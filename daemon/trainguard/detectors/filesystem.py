@@ -40,6 +40,8 @@ def detect(inp) -> list[Finding]:
         ))
     for sample in inp.snapshot.filesystems:
         mp = sample.mount.mount_point
+        if cfg.ignored(mp):
+            continue  # an override with ignore = true: the user wants no alerts for this mount
         labels = labels_for(sample)
         if not sample.responsive:
             stuck = inp.now - sample.unresponsive_since if sample.unresponsive_since else 0.0

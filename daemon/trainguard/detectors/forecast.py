@@ -94,6 +94,8 @@ def detect(inp) -> list[Finding]:
         if not sample.responsive or sample.usage is None or sample.usage.size_bytes <= 0:
             continue
         mp = sample.mount.mount_point
+        if inp.config.filesystems.ignored(mp):
+            continue
         series = inp.history.points(f"fs.avail_bytes:{mp}", inp.now - cfg.window)
         trend = fill_trend(series, sample.usage.size_bytes, inp.now, cfg.window, cfg.min_span)
         if trend is None or trend.eta is None:
