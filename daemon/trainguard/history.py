@@ -65,13 +65,15 @@ class _Series:
         del self.coarse_ts[keep:], self.coarse_v[keep:], self.coarse_n[keep:]
 
     def _to_coarse(self, ts: float, value: float, bucket: float) -> None:
-        start = math.floor(ts / bucket) * bucket
-        if self.coarse_ts and self.coarse_ts[-1] == start:
+        # A bucket point sits at the mean time of its samples, not at the bucket start: stamped at the
+        # start, every averaged point would look half a bucket older and bias each fitted slope.
+        if self.coarse_ts and math.floor(self.coarse_ts[-1] / bucket) == math.floor(ts / bucket):
             n = self.coarse_n[-1]
             self.coarse_v[-1] += (value - self.coarse_v[-1]) / (n + 1)
+            self.coarse_ts[-1] += (ts - self.coarse_ts[-1]) / (n + 1)
             self.coarse_n[-1] = n + 1
         else:
-            self.coarse_ts.append(start)
+            self.coarse_ts.append(ts)
             self.coarse_v.append(value)
             self.coarse_n.append(1)
 
