@@ -25,6 +25,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
+from trainguard.detectors import filesystem
 from trainguard.records import Finding, Severity
 from trainguard.units import format_bytes, format_duration, format_ratio
 
@@ -173,7 +174,7 @@ def detect(inp) -> list[Finding]:
         if not sample.responsive or sample.usage is None or sample.usage.size_bytes <= 0:
             continue
         mp = sample.mount.mount_point
-        if inp.config.filesystems.ignored(mp):
+        if filesystem.ignored(inp.config.filesystems, mp):
             continue
         series = inp.history.points(f"fs.avail_bytes:{mp}", inp.now - cfg.window)
         trend = fill_trend(series, sample.usage.size_bytes, inp.now, cfg.window, cfg.min_span)
