@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import subprocess
 import threading
 import time
@@ -17,7 +18,7 @@ import pytest
 
 from trainguard.clock import SystemClock
 from trainguard.records import Mount, MountKind
-from trainguard.samplers.fs import FsSampler, usage_from_statvfs
+from trainguard.samplers.fs import FsSampler, child_probe, usage_from_statvfs
 
 
 def statvfs_result(blocks=1000, bfree=400, bavail=300, files=100, ffree=40, favail=30, frsize=4096):
@@ -218,3 +219,19 @@ def test_real_mount_table_and_statvfs():
     samples, _ = FsSampler(clock=SystemClock()).sample()
     root = by_mp(samples).get("/")
     assert root is not None and root.responsive and root.usage.size_bytes > 0
+
+
+@pytest.mark.skipif(shutil.which("stat") is None, reason="no stat command (coreutils or busybox)")
+def test_child_probe_reads_what_statvfs_reads(tmp_path):
+    """Network and FUSE mounts are probed through a `stat -f` child: same numbers, same missing paths."""
+    (tmp_path / "sub dir").mkdir()
+    present, absent = str(tmp_path / "sub dir"), str(tmp_path / "absent")
+    root = mount(str(tmp_path), "nfs4", 7, MountKind.NETWORK)
+    result = child_probe(shutil.which("stat"))(root, [present, absent])
+    st = os.statvfs(tmp_path)
+    expected = usage_from_statvfs(st)
+    assert result.error is None and result.missing == (absent,)
+    assert (result.usage.size_bytes, result.usage.inodes_total) == (expected.size_bytes, expected.inodes_total)
+    assert abs(result.usage.avail_bytes - expected.avail_bytes) < 16 * 2**20  # the host's disk is live
+    gone = child_probe(shutil.which("stat"))(mount(str(tmp_path / "gone"), "nfs4", 8, MountKind.NETWORK), [])
+    assert gone.usage is None and gone.error == "No such file or directory (errno 2)"

@@ -52,7 +52,7 @@ def detect(inp) -> list[Finding]:
             continue  # an override with ignore = true: the user wants no alerts for this mount
         labels = labels_for(sample)
         if not sample.responsive:
-            stuck = inp.now - sample.unresponsive_since if sample.unresponsive_since else 0.0
+            stuck = max(inp.now, sample.ts) - sample.unresponsive_since if sample.unresponsive_since else 0.0
             findings.append(Finding(
                 key=f"fs.unresponsive:{mp}", severity=Severity.CRITICAL,
                 summary=f"{mp} ({sample.mount.fstype}) is unresponsive: statfs has not returned for {format_duration(stuck)}",
