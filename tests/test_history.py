@@ -178,3 +178,21 @@ def test_an_unopenable_database_is_moved_aside(tmp_path, caplog):
         db = StateDb(str(tmp_path))
     History(db.connect(), now=T0).record(T0, {"s": 1.0})
     assert (tmp_path / DB_NAME).is_file()
+
+
+def test_a_daemon_restarted_often_still_compacts(tmp_path):
+    """Compaction ran only after an hour of uptime: restarted every 30 minutes, the database never shrank."""
+    from tests.support.clock import FakeClock
+    from tests.support.fake_daemon import FakeDisk, Recorder, daemon
+
+    clock, disk = FakeClock(), FakeDisk()
+    sections = {"history": {"raw_retention": "1h", "retention": "1d"}, "forecast": {"window": "30m",
+                                                                                    "min_span": "5m"}}
+    for restart in range(8):  # 4 hours, restarted every 30 minutes
+        d = daemon(tmp_path, clock, disk, Recorder(), sections)
+        for _ in range(180):
+            d.cycle()
+            clock.advance(10)
+        d.close()
+    oldest_raw = sqlite3.connect(tmp_path / "state" / DB_NAME).execute("SELECT MIN(ts) FROM samples").fetchone()[0]
+    assert oldest_raw >= clock.time() - 2 * 3600, "raw rows older than raw_retention were rolled up"

@@ -6,12 +6,10 @@ import os
 import sqlite3
 from collections import Counter
 
-import pytest
-
 from tests.support.clock import FakeClock
-from trainguard import config as configmod
+from tests.support.fake_daemon import FakeDisk, Recorder, daemon
 from trainguard.alerts import FIRING, PENDING, Lifecycle
-from trainguard.records import AlertStatus, Finding, Mount, MountKind, Severity
+from trainguard.records import AlertStatus, Finding, Severity
 from trainguard.state import StateDb
 
 T0 = 1_700_000_000.0
@@ -186,46 +184,6 @@ def test_an_old_alerts_table_is_upgraded(tmp_path):
 
 
 # --------------------------------------------------------------------------- the daemon, end to end
-
-
-class Recorder:
-    def __init__(self):
-        self.events = []
-
-    def notify(self, events):
-        self.events.extend(events)
-
-    def close(self):
-        pass
-
-
-class FakeDisk:
-    """One mount whose free space the test sets; statvfs answers from it."""
-
-    def __init__(self, size=100 * 2**30):
-        self.size = size
-        self.avail = size
-
-    def statvfs(self, _path):
-        blocks = self.size // 4096
-        free = self.avail // 4096
-        return os.statvfs_result((4096, 4096, blocks, free, free, 1000, 900, 900, 0, 255))
-
-    def read_mounts(self, _proc):
-        return [Mount("/data", "xfs", "/dev/md0", 9, 0, MountKind.LOCAL)]
-
-
-def daemon(tmp_path, clock, disk, recorder):
-    from trainguard.samplers.diskstats import DiskstatsSampler
-    from trainguard.samplers.fs import FsSampler
-    from trainguard.service import Daemon, Samplers
-
-    cfg = configmod.parse({"forecast": {"window": "2h", "min_span": "20m"}}, "test")
-    d = Daemon(configmod.Loaded(cfg, "test"), clock=clock, state_dir=str(tmp_path / "state"), notifiers=[recorder])
-    d.samplers = Samplers(
-        fs=FsSampler(clock=clock, statvfs=disk.statvfs, read_mounts=disk.read_mounts, timeout=5, wait=1),
-        disks=DiskstatsSampler(clock=clock, proc_root=str(tmp_path / "noproc")))
-    return d
 
 
 def test_daemon_forecast_fires_once_survives_a_restart_and_resolves(tmp_path):
