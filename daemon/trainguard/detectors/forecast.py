@@ -104,12 +104,12 @@ def _drops(points: Sequence[tuple[float, float]], size: float) -> list[Drop]:
 
 def _without_drops(points: Sequence[tuple[float, float]], drops: Sequence[Drop]) -> list[tuple[float, float]]:
     """The points as if nothing had been deleted: each deletion's bytes taken back out from then on."""
-    out, given_back, k = [], 0.0, 0
-    for i, (ts, value) in enumerate(points):
-        while k < len(drops) and drops[k].index <= i:
-            given_back += drops[k].freed
-            k += 1
-        out.append((ts, value - given_back))
+    out = list(points[:drops[0].index])
+    given_back = 0.0
+    for k, drop in enumerate(drops):
+        given_back += drop.freed
+        end = drops[k + 1].index if k + 1 < len(drops) else len(points)
+        out.extend((ts, value - given_back) for ts, value in points[drop.index:end])
     return out
 
 

@@ -214,8 +214,11 @@ class FsSampler:
             current[mount.mount_point] = probe
         # Vanished mounts are forgotten; a stuck thread of theirs ends whenever the kernel lets it.
         self._probes = current
-        paths_of = {mp: [p for p in self.paths if mountinfo.containing_mount(p, watched) == probe.mount]
-                    for mp, probe in current.items()}
+        paths_of: dict[str, list[str]] = {mp: [] for mp in current}
+        for path in self.paths:  # each path is checked by the probe of the mount it lives on
+            owner = mountinfo.containing_mount(path, watched)
+            if owner is not None and owner.mount_point in paths_of:
+                paths_of[owner.mount_point].append(path)
         # Wait only for the probes started now: one still stuck from an earlier cycle would make every
         # cycle last `wait` longer while its mount hangs.
         fresh = [probe for mp, probe in current.items() if probe.kick(mono, wall, paths_of[mp], self._finished)]
