@@ -82,6 +82,27 @@ def test_a_disk_that_keeps_its_last_checkpoints_never_alerts():
     assert alerts == 0
 
 
+@pytest.mark.parametrize("process", [traces.one_download(), traces.rotated_logs()], ids=lambda p: p.name)
+def test_disks_that_stop_filling_or_are_rotated_never_alert(process):
+    # A 100 GiB download in the middle of the window tilted a fit over the whole window to ~28 GiB/h
+    # (a warning for a disk that had stopped filling); an hourly rotation keeps a fast writer in check.
+    config = configmod.parse({}, "test")
+    for k in range(60):
+        now = 7 * H + 613 * k
+        assert detect_on(process.sample(now - WINDOW, now, seed=k), process.size, now, config) == [], k
+
+
+def test_a_single_write_followed_by_writing_keeps_the_later_rate():
+    # 100 GiB at once, then a steady 10 GiB/h: the trend is the 10 GiB/h, not the burst spread over 6 h.
+    def avail(t):
+        return 300 * GiB - (100 * GiB if t >= 3 * H else 0) - 10 * GiB * max(t - 3 * H, 0) / H
+
+    process = traces.Process("burst then steady", avail, noise=0.1 * GiB)
+    now = 6 * H
+    trend = fill_trend(process.sample(0, now), process.size, now, WINDOW, 1800)
+    assert trend.slope * H == pytest.approx(10 * GiB, rel=0.1)
+
+
 def test_noise_on_a_full_but_idle_disk_never_alerts():
     process = traces.Process("idle", lambda t: 20 * GiB, noise=0.5 * GiB)
     config = configmod.parse({}, "test")

@@ -91,3 +91,23 @@ def keep_last_checkpoints(every_s: float = 1800, size: float = 20 * GiB, keep: i
         return start_free - written + deleted
 
     return Process("keep last checkpoints", avail, noise=noise)
+
+
+def rotated_logs(rate_per_h: float = 20 * GiB, every_s: float = 3600, start_free: float = 30 * GiB,
+                 noise: float = 0.2 * GiB) -> Process:
+    """A fast writer whose output is rotated away every hour: low free space, but it never fills."""
+
+    def avail(t: float) -> float:
+        return start_free - rate_per_h * (t % every_s) / 3600
+
+    return Process("rotated logs", avail, noise=noise)
+
+
+def one_download(size: float = 100 * GiB, at_s: float = 4 * 3600, takes_s: float = 600,
+                 start_free: float = 250 * GiB, noise: float = 0.2 * GiB) -> Process:
+    """A dataset downloaded once (100 GiB in 10 minutes), then nothing: the disk stops filling."""
+
+    def avail(t: float) -> float:
+        return start_free - size * min(max((t - at_s) / takes_s, 0.0), 1.0)
+
+    return Process("one download", avail, noise=noise)

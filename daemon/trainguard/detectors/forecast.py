@@ -6,6 +6,13 @@ every step; instead the slope is a Theil-Sen estimate (median of pairwise slopes
 over points bucketed across the window, using only pairs far enough apart that a
 single step or drop cannot dominate.
 
+A single large write (a dataset download) followed by at least min_span of quiet
+is a change point too: in the middle of the window it would tilt the fit by about
+its size over the window, a forecast for a disk that has stopped filling. Two or
+more such steps are a rhythm (checkpoints) and the whole window is fitted. (A run
+saving a huge checkpoint only every few hours is therefore forecast only once two
+of its steps are in the window; the usage thresholds cover it meanwhile.)
+
 Drops (free space rising by a deletion-sized amount, over one sample or a run of
 them) are handled by what they mean:
 - one drop long enough ago is a change point (someone cleaned up, a run
@@ -80,26 +87,31 @@ def _consumption(points: Sequence[tuple[float, float]]) -> float | None:
     return None if slope is None else -slope
 
 
-def _drops(points: Sequence[tuple[float, float]], size: float) -> list[Drop]:
-    """Deletions: runs of consecutive rises in free space that add up to a deletion-sized amount.
-
-    A large rm takes several samples; counting each sample as its own drop would make one
-    deletion look like a fast periodic cleanup."""
+def _jumps(points: Sequence[tuple[float, float]], size: float, rising: bool) -> list[Drop]:
+    """Runs of consecutive rises (deletions) or falls (one large write) in free space that add up to
+    a deletion-sized amount. A large rm takes several samples; counting each sample as its own drop
+    would make one deletion look like a fast periodic cleanup."""
     limit = max(size * DROP_FRACTION, 1.0)
-    drops: list[Drop] = []
+    sign = 1.0 if rising else -1.0
+    jumps: list[Drop] = []
     i = 1
     while i < len(points):
-        if points[i][1] > points[i - 1][1]:
+        if sign * (points[i][1] - points[i - 1][1]) > 0:
             j = i
-            while j + 1 < len(points) and points[j + 1][1] > points[j][1]:
+            while j + 1 < len(points) and sign * (points[j + 1][1] - points[j][1]) > 0:
                 j += 1
-            freed = points[j][1] - points[i - 1][1]
-            if freed >= limit:
-                drops.append(Drop(points[j][0], j, freed))
+            moved = sign * (points[j][1] - points[i - 1][1])
+            if moved >= limit:
+                jumps.append(Drop(points[j][0], j, sign * moved))
             i = j + 1
         else:
             i += 1
-    return drops
+    return jumps
+
+
+def _drops(points: Sequence[tuple[float, float]], size: float) -> list[Drop]:
+    """Deletions: free space rising by a deletion-sized amount."""
+    return _jumps(points, size, rising=True)
 
 
 def _without_drops(points: Sequence[tuple[float, float]], drops: Sequence[Drop]) -> list[tuple[float, float]]:
@@ -138,6 +150,12 @@ def fill_trend(avail: Sequence[tuple[float, float]], size: float, now: float, wi
     if len(drops) == 1 and pts[-1][0] - drops[0].ts >= min_span:
         pts = pts[drops[0].index:]  # a change point with enough data after it
         drops = []
+    if not drops:
+        steps = _jumps(pts, size, rising=False)
+        if len(steps) == 1 and pts[-1][0] - steps[0].ts >= min_span and steps[0].index > 0:
+            # One large write (a dataset download, a single checkpoint) and quiet since: in the middle
+            # of the window it would tilt the whole fit; what happened after it is the trend.
+            pts = pts[steps[0].index:]
     span = pts[-1][0] - pts[0][0]
     if not drops:
         rate = _consumption(pts)
