@@ -4,10 +4,10 @@
 
 Three traces that do fill (a steady writer; a checkpoint of 20 GiB every 30 min; a 40 GiB/h
 writer with a cron cleanup freeing 60 GiB every 2 h), each at many phases, evaluated at the
-moment the disk is really 6 h (and 1 h) from full, with the default 6 h window. Plus a trace
-that never fills (a trainer keeping only its last 3 checkpoints) and an idle full disk with
-measurement noise, a fast writer rotated away hourly on a nearly full disk, and one
-large download after which the disk stops filling (150 GiB left), evaluated every ~10 minutes, counting forecast alerts (ETA < 6 h).
+moment the disk is really 6 h (and 1 h) from full, with the default 6 h window. Then traces
+that never fill, evaluated every ~10 minutes, counting forecast alerts (ETA < 6 h): a trainer
+keeping only its last 3 checkpoints, a fast writer rotated away hourly on a nearly full disk,
+one large download after which the disk stops filling, and an idle full disk with noise.
 
 Reference, in the same run: an ordinary least-squares line through the same window, the
 first thing one would write. Figures: median and worst absolute ETA error in %, and false
