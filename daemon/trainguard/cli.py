@@ -41,6 +41,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     setup_logging(loaded.config.general.log_level)
     daemon = Daemon(loaded, state_dir=args.state_dir)
     if args.once:
+        # One cycle must see a hung mount: wait for slow probes up to the timeout, as `status` does.
+        daemon.samplers.fs.wait = loaded.config.filesystems.probe_timeout
         result = daemon.cycle()
         daemon.close()
         for f in sorted(result.findings, key=lambda f: (-f.severity.rank, f.key)):

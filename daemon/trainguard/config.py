@@ -23,12 +23,13 @@ from pydantic import (
     Field,
     PlainSerializer,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 
 from trainguard.redact import redact_url  # noqa: F401 - part of this module's interface
-from trainguard.units import Bytes, Duration, Ratio, parse_bytes
+from trainguard.units import Bytes, Duration, Ratio, format_duration, parse_bytes
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -99,12 +100,34 @@ class Filesystems(Thresholds):
     for_: Duration = Field(0.0, alias="for")
     overrides: list[MountOverride] = []
 
+    @field_validator("overrides")
+    @classmethod
+    def _overrides_ordered(cls, overrides: list[MountOverride], info: ValidationInfo) -> list[MountOverride]:
+        # Each override is merged over the global levels: refuse one that inverts them here, with its
+        # match, instead of leaving a mount the detector cannot evaluate.
+        levels = {k: info.data[k] for k in ("warning", "critical", "inodes_warning", "inodes_critical")
+                  if k in info.data}
+        if len(levels) < 4:
+            return overrides  # a global level is itself invalid and already reported
+        problems = []
+        for i, override in enumerate(overrides):
+            merged = {**levels, **{k: v for k in levels if (v := getattr(override, k)) is not None}}
+            for low, high in (("warning", "critical"), ("inodes_warning", "inodes_critical")):
+                if merged[low] > merged[high]:
+                    problems.append(f"override {i} (match {override.match!r}): {low} ({merged[low]:.0%}) "
+                                    f"is above {high} ({merged[high]:.0%})")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return overrides
+
     def thresholds_for(self, mount_point: str) -> Thresholds:
-        values = self.model_dump(include={"warning", "critical", "inodes_warning", "inodes_critical"})
+        names = ("warning", "critical", "inodes_warning", "inodes_critical")
+        values = {k: getattr(self, k) for k in names}
         for override in self.overrides:
             if fnmatch.fnmatchcase(mount_point, override.match):
-                values.update(override.model_dump(exclude={"match", "ignore"}, exclude_none=True))
-        return Thresholds.model_validate(values)
+                values.update({k: v for k in names if (v := getattr(override, k)) is not None})
+        # Already validated; two globs matching one mount may combine out of order, which must not raise.
+        return Thresholds.model_construct(**values)
 
     def ignored(self, mount_point: str) -> bool:
         if any(fnmatch.fnmatchcase(mount_point, g) for g in self.exclude):
@@ -118,6 +141,16 @@ class Forecast(Strict):
     min_span: Duration = 30 * 60.0  # no forecast before this much data
     warning: Duration = 6 * 3600.0  # warn when the filesystem fills within this
     critical: Duration = 3600.0
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "Forecast":
+        if self.critical > self.warning:
+            raise ValueError(f"critical ({format_duration(self.critical)}) is longer than warning "
+                             f"({format_duration(self.warning)}); critical must be the shorter time to full")
+        if self.min_span > self.window:
+            raise ValueError(f"min_span ({format_duration(self.min_span)}) is longer than window "
+                             f"({format_duration(self.window)}); no forecast could ever be made")
+        return self
 
 
 class Io(Strict):

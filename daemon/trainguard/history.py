@@ -11,10 +11,14 @@ pruned; compact() keeps its size flat over weeks.
 
 from __future__ import annotations
 
+import bisect
+import logging
 import math
 import sqlite3
 from array import array
 from typing import Iterable, Mapping
+
+log = logging.getLogger(__name__)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS series (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
@@ -38,7 +42,7 @@ class _Series:
 
     def add(self, ts: float, value: float, fine_window: float, bucket: float, window: float) -> None:
         if self.fine_ts and ts <= self.fine_ts[-1]:
-            return  # the wall clock went back: keep the series ordered, drop the point
+            self.drop_from(ts)  # the wall clock went back: what was recorded "after" ts is void
         self.fine_ts.append(ts)
         self.fine_v.append(value)
         cut = 0
@@ -53,14 +57,23 @@ class _Series:
         if drop:
             del self.coarse_ts[:drop], self.coarse_v[:drop], self.coarse_n[:drop]
 
+    def drop_from(self, ts: float) -> None:
+        """Forget points at or after ts, so the series stays ordered and keeps recording."""
+        keep = bisect.bisect_left(self.fine_ts, ts)
+        del self.fine_ts[keep:], self.fine_v[keep:]
+        keep = bisect.bisect_left(self.coarse_ts, ts)
+        del self.coarse_ts[keep:], self.coarse_v[keep:], self.coarse_n[keep:]
+
     def _to_coarse(self, ts: float, value: float, bucket: float) -> None:
-        start = math.floor(ts / bucket) * bucket
-        if self.coarse_ts and self.coarse_ts[-1] == start:
+        # A bucket point sits at the mean time of its samples, not at the bucket start: stamped at the
+        # start, every averaged point would look half a bucket older and bias each fitted slope.
+        if self.coarse_ts and math.floor(self.coarse_ts[-1] / bucket) == math.floor(ts / bucket):
             n = self.coarse_n[-1]
             self.coarse_v[-1] += (value - self.coarse_v[-1]) / (n + 1)
+            self.coarse_ts[-1] += (ts - self.coarse_ts[-1]) / (n + 1)
             self.coarse_n[-1] = n + 1
         else:
-            self.coarse_ts.append(start)
+            self.coarse_ts.append(ts)
             self.coarse_v.append(value)
             self.coarse_n.append(1)
 
@@ -101,6 +114,7 @@ class History:
         self.rollup = rollup
         self._series: dict[str, _Series] = {}
         self._ids: dict[str, int] = {}
+        self._last_ts: float | None = None
         if conn is not None:
             conn.executescript(SCHEMA)
             if now is not None:
@@ -109,10 +123,11 @@ class History:
     @classmethod
     def from_config(cls, conn: sqlite3.Connection | None, config, now: float) -> "History":
         """Memory window sized for the longest detector window in the config."""
+        window = max(config.forecast.window, config.io.for_)
         return cls(
             conn,
-            window=config.forecast.window,
-            raw_retention=max(config.history.raw_retention, config.forecast.window),
+            window=window,
+            raw_retention=max(config.history.raw_retention, window),
             retention=config.history.retention,
             rollup=config.history.rollup,
             now=now,
@@ -136,6 +151,8 @@ class History:
             name = names.get(series_id)
             if name is not None:
                 self._add(name, ts, value)
+                if conn is self.conn:
+                    self._last_ts = ts if self._last_ts is None else max(self._last_ts, ts)
 
     def _add(self, name: str, ts: float, value: float) -> None:
         series = self._series.get(name)
@@ -154,6 +171,19 @@ class History:
     def record(self, ts: float, values: Mapping[str, float | None]) -> None:
         """Add one point per series; None values (not measured) are skipped."""
         present = [(n, float(v)) for n, v in values.items() if v is not None and not math.isnan(v)]
+        if self._last_ts is not None and ts < self._last_ts:
+            # Stepped back (NTP, date -s): samples stamped after ts would sit "in the future" and
+            # block or scramble every series until the clock caught up. They are dropped.
+            log.warning("wall clock went back %.0f s; dropping history recorded after the new time",
+                        self._last_ts - ts)
+            for series in self._series.values():
+                series.drop_from(ts)
+            if self.conn is not None:
+                with self.conn:
+                    self.conn.execute("BEGIN")
+                    self.conn.execute("DELETE FROM samples WHERE ts >= ?", (ts,))
+                    self.conn.execute("DELETE FROM rollups WHERE ts >= ?", (ts,))
+        self._last_ts = ts
         for name, value in present:
             self._add(name, ts, value)
         if self.conn is None or not present:

@@ -189,7 +189,7 @@ class Daemon:
         self._ready_sent = False
         self.stop_event = threading.Event()
         self.reload_event = threading.Event()
-        self._last_compact = self.clock.monotonic()
+        self._last_compact = float("-inf")  # compact on the first cycle: a daemon restarted often still does
         self.cleanup_notes: dict[str, tuple[float, str]] = {}  # mount -> (when, what cleanup did there)
         self.cleanup = self._start_cleanup(cfg)
 

@@ -69,7 +69,8 @@ def filesystem_doc(sample: FsSample, snapshot: Snapshot, history: History, cfg: 
         "eta_seconds": round(trend.eta) if trend and trend.eta is not None else None,
         "state": _mount_state(sample, findings),
         "responsive": sample.responsive,
-        "unresponsive_seconds": round(now - sample.unresponsive_since, 1) if sample.unresponsive_since else None,
+        "unresponsive_seconds": (round(max(now, sample.ts) - sample.unresponsive_since, 1)
+                                 if sample.unresponsive_since else None),
         "error": sample.error,
     }
 

@@ -85,7 +85,10 @@ def parse_duration(value: object) -> float:
             seconds = sum(float(n) * _DURATION_UNITS[u.lower()] for n, u in parts)
     else:
         raise ValueError("expected a duration like \"30s\", \"5m\", \"7d\"")
-    if math.isnan(seconds) or seconds < 0:
+    if not math.isfinite(seconds):
+        # An infinite interval or `for` would silently switch a rule off.
+        raise ValueError(f"{value!r} is not a finite duration; write e.g. \"30s\", \"5m\", \"7d\"")
+    if seconds < 0:
         raise ValueError(f"{value!r} is negative; a duration must be >= 0")
     return seconds
 

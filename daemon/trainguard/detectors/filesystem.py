@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import fnmatch
+
 from trainguard.records import Finding, FsSample, Severity
 from trainguard.units import format_bytes, format_duration, format_ratio
 
@@ -23,6 +25,12 @@ def _level(value: float, warning: float, critical: float, hysteresis: float, act
     return None
 
 
+def ignored(cfg, mount_point: str) -> bool:
+    """An override with ignore = true matches. (Not `exclude`: a mount watched despite an exclude glob is
+    one holding a path the user named in `paths`, and its alerts are wanted.)"""
+    return any(o.ignore and fnmatch.fnmatchcase(mount_point, o.match) for o in cfg.overrides)
+
+
 def labels_for(sample: FsSample) -> dict[str, str]:
     m = sample.mount
     return {"mountpoint": m.mount_point, "fstype": m.fstype, "device": m.source}
@@ -40,9 +48,11 @@ def detect(inp) -> list[Finding]:
         ))
     for sample in inp.snapshot.filesystems:
         mp = sample.mount.mount_point
+        if ignored(cfg, mp):
+            continue  # an override with ignore = true: the user wants no alerts for this mount
         labels = labels_for(sample)
         if not sample.responsive:
-            stuck = inp.now - sample.unresponsive_since if sample.unresponsive_since else 0.0
+            stuck = max(inp.now, sample.ts) - sample.unresponsive_since if sample.unresponsive_since else 0.0
             findings.append(Finding(
                 key=f"fs.unresponsive:{mp}", severity=Severity.CRITICAL,
                 summary=f"{mp} ({sample.mount.fstype}) is unresponsive: statfs has not returned for {format_duration(stuck)}",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from trainguard.records import Finding, Severity
 from trainguard.units import format_bytes, format_duration, format_ratio
 
@@ -23,7 +25,7 @@ def detect(inp) -> list[Finding]:
         # The window must be (nearly) covered, so one busy sample right after start-up cannot fire.
         if len(points) < 2 or points[-1][0] - points[0][0] < 0.9 * cfg.for_ - 1e-9:
             continue
-        mean = sum(v for _, v in points) / len(points)
+        mean = math.fsum(v for _, v in points) / len(points)  # fsum: a disk at exactly 90 % must count
         if mean < cfg.util_threshold:
             continue
         findings.append(Finding(

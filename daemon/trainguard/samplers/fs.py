@@ -6,18 +6,29 @@ for the answers. A probe that has not returned is never started again (no thread
 pile-up): the mount keeps its last usage, and once the probe is older than
 `timeout` the mount is reported unresponsive with how long. It recovers when the
 probe finally returns.
+
+On network and FUSE mounts the statfs itself runs in a short-lived child process
+(coreutils `stat -f`), and the probe thread only waits for its output. Once a
+FUSE request has reached its (hung) server, the kernel makes the calling thread
+wait it out even through SIGKILL, and a process cannot finish exiting while one
+of its threads waits: a `trainguard status` or a daemon stopping would hang with
+the mount. A stuck child is left behind instead, and ends when the kernel lets it.
+Local filesystems answer statfs from memory and are probed in the thread.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import shutil
+import subprocess
 import threading
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from trainguard.clock import Clock
-from trainguard.records import FsSample, FsUsage, Mount
+from trainguard.records import FsSample, FsUsage, Mount, MountKind
 from trainguard.samplers import mounts as mountinfo
 
 log = logging.getLogger(__name__)
@@ -42,14 +53,80 @@ class _ProbeResult:
     missing: tuple[str, ...]
 
 
+ProbeFn = Callable[[Mount, Sequence[str]], _ProbeResult]
+
+
+def _os_error(exc: OSError) -> str:
+    return f"{exc.strerror or exc} (errno {exc.errno})"
+
+
+def _as_is(path: str) -> str:
+    return path
+
+
+def thread_probe(statvfs: Callable[[str], os.statvfs_result] = os.statvfs,
+                 reach: Callable[[str], str] = _as_is) -> ProbeFn:
+    """statvfs and the configured paths' existence, in the calling (probe) thread.
+    reach maps a host path to the path to open here (a sidecar's host_root prefix)."""
+
+    def probe(mount: Mount, paths: Sequence[str]) -> _ProbeResult:
+        try:
+            usage = usage_from_statvfs(statvfs(reach(mount.mount_point)))
+        except OSError as exc:
+            return _ProbeResult(None, _os_error(exc), ())
+        return _ProbeResult(usage, None, tuple(p for p in paths if not os.path.lexists(reach(p))))
+
+    return probe
+
+
+# frsize, blocks, bfree, bavail, files, ffree, then the name as given (may contain spaces).
+STAT_FORMAT = "%S %b %f %a %c %d %n"
+_ERRNO_OF_MESSAGE = {os.strerror(code): code for code in errno.errorcode}
+
+
+def child_probe(stat: str, reach: Callable[[str], str] = _as_is) -> ProbeFn:
+    """statfs of the mount point and of each path in a `stat -f` child: if the mount hangs, the child
+    hangs, and this process stays free to exit. A path is missing when stat could not reach it."""
+
+    def probe(mount: Mount, paths: Sequence[str]) -> _ProbeResult:
+        here = reach(mount.mount_point)
+        try:
+            done = subprocess.run([stat, "-f", "-c", STAT_FORMAT, "--", here, *(reach(p) for p in paths)],
+                                  stdin=subprocess.DEVNULL, capture_output=True, close_fds=True)
+        except OSError as exc:
+            return _ProbeResult(None, f"cannot run {stat}: {_os_error(exc)}", ())
+        answered: dict[str, FsUsage] = {}
+        for line in done.stdout.decode("utf-8", "surrogateescape").splitlines():
+            fields = line.split(" ", 6)
+            try:
+                frsize, blocks, bfree, bavail, files, ffree = (int(x) for x in fields[:6])
+            except ValueError:
+                continue
+            answered[fields[6] if len(fields) > 6 else ""] = FsUsage(
+                size_bytes=blocks * frsize, used_bytes=(blocks - bfree) * frsize, avail_bytes=bavail * frsize,
+                inodes_total=files, inodes_used=files - ffree, inodes_free=ffree)
+        usage = answered.get(here)
+        if usage is None:
+            # "stat: cannot read file system information for '/x': Transport endpoint is not connected"
+            message = done.stderr.decode("utf-8", "replace").strip().splitlines()
+            reason = message[0].rsplit(": ", 1)[-1] if message else f"stat exited {done.returncode}"
+            code = _ERRNO_OF_MESSAGE.get(reason)
+            return _ProbeResult(None, f"{reason} (errno {code})" if code else reason, ())
+        return _ProbeResult(usage, None, tuple(p for p in paths if reach(p) not in answered))
+
+    return probe
+
+
+def _remote(mount: Mount) -> bool:
+    return mount.kind is not MountKind.LOCAL or mount.fstype.startswith("fuse")  # fuseblk is FUSE too
+
+
 class _Probe:
     """One mount's prober: at most one probe thread alive at any time."""
 
-    def __init__(self, mount: Mount, statvfs: Callable[[str], os.statvfs_result],
-                 reach: Callable[[str], str] = lambda path: path):
+    def __init__(self, mount: Mount, probe_fn: ProbeFn):
         self.mount = mount
-        self.statvfs = statvfs
-        self.reach = reach  # host path -> the path to open here (a sidecar's host_root prefix)
+        self.probe_fn = probe_fn
         self.thread: threading.Thread | None = None
         self.started_mono = 0.0
         self.started_wall = 0.0
@@ -60,25 +137,28 @@ class _Probe:
     def busy(self) -> bool:
         return self.thread is not None and not self.done.is_set()
 
-    def kick(self, mono: float, wall: float, paths: Sequence[str], finished: threading.Condition) -> None:
+    def kick(self, mono: float, wall: float, paths: Sequence[str], finished: threading.Condition) -> bool:
+        """Start a probe unless one is still running; True when one was started."""
         if self.busy:
-            return  # still stuck in the kernel: never stack a second thread on it
+            return False  # still stuck in the kernel: never stack a second thread on it
         self.done = done = threading.Event()
         self.started_mono, self.started_wall = mono, wall
 
         def run() -> None:
+            result = _ProbeResult(None, "probe ended without an answer", ())
             try:
-                result = _ProbeResult(usage_from_statvfs(self.statvfs(self.reach(self.mount.mount_point))), None,
-                                      tuple(p for p in paths if not os.path.lexists(self.reach(p))))
-            except OSError as exc:
-                result = _ProbeResult(None, f"{exc.strerror or exc} (errno {exc.errno})", ())
-            self.last = result
-            with finished:
-                done.set()
-                finished.notify_all()
+                result = self.probe_fn(self.mount, paths)
+            except Exception as exc:  # noqa: BLE001 - anything else must not leave the probe "busy" forever
+                result = _ProbeResult(None, f"{type(exc).__name__}: {exc}", ())
+            finally:
+                self.last = result
+                with finished:
+                    done.set()
+                    finished.notify_all()
 
         self.thread = threading.Thread(target=run, name=f"probe:{self.mount.mount_point}", daemon=True)
         self.thread.start()
+        return True
 
 
 class FsSampler:
@@ -86,8 +166,10 @@ class FsSampler:
 
     def __init__(self, *, clock: Clock, proc_root: str = "/proc", paths: Sequence[str] = (),
                  exclude: Sequence[str] = (), include_fstypes: Sequence[str] = (), timeout: float = 5.0,
-                 wait: float = 1.0, statvfs: Callable[[str], os.statvfs_result] = os.statvfs,
+                 wait: float = 1.0, statvfs: Callable[[str], os.statvfs_result] | None = None,
                  read_mounts: Callable[[str], list[Mount]] = mountinfo.read_mounts, host_root: str = "/"):
+        """statvfs: inject one for tests (then every mount is probed with it in a thread); by default
+        local mounts use os.statvfs and network/FUSE mounts a `stat -f` child."""
         self.clock = clock
         self.proc_root = proc_root
         self.host_root = host_root
@@ -96,8 +178,16 @@ class FsSampler:
         self.include_fstypes = tuple(include_fstypes)
         self.timeout = timeout
         self.wait = min(wait, timeout)  # the most one cycle waits for slow probes
-        self.statvfs = statvfs
         self.read_mounts = read_mounts
+        self._local_probe = thread_probe(statvfs or os.statvfs, self._reach)
+        self._remote_probe = self._local_probe
+        if statvfs is None:
+            stat = shutil.which("stat")
+            if stat:
+                self._remote_probe = child_probe(stat, self._reach)
+            else:
+                log.warning("no `stat` command (coreutils or busybox): a hung network or FUSE mount "
+                            "can keep trainguard from exiting until it recovers")
         self._probes: dict[str, _Probe] = {}
         self._finished = threading.Condition()
 
@@ -120,29 +210,34 @@ class FsSampler:
                 if probe is not None and probe.busy:
                     probe.mount = mount  # remounted while stuck: keep the stuck thread, take the new identity
                 else:
-                    probe = _Probe(mount, self.statvfs, self._reach)
+                    probe = _Probe(mount, self._remote_probe if _remote(mount) else self._local_probe)
             current[mount.mount_point] = probe
         # Vanished mounts are forgotten; a stuck thread of theirs ends whenever the kernel lets it.
         self._probes = current
-        paths_of = {mp: [p for p in self.paths if mountinfo.containing_mount(p, watched) == probe.mount]
-                    for mp, probe in current.items()}
-        for mp, probe in current.items():
-            probe.kick(mono, wall, paths_of[mp], self._finished)
+        paths_of: dict[str, list[str]] = {mp: [] for mp in current}
+        for path in self.paths:  # each path is checked by the probe of the mount it lives on
+            owner = mountinfo.containing_mount(path, watched)
+            if owner is not None and owner.mount_point in paths_of:
+                paths_of[owner.mount_point].append(path)
+        # Wait only for the probes started now: one still stuck from an earlier cycle would make every
+        # cycle last `wait` longer while its mount hangs.
+        fresh = [probe for mp, probe in current.items() if probe.kick(mono, wall, paths_of[mp], self._finished)]
         deadline = mono + self.wait
         with self._finished:
-            while any(p.busy for p in current.values()):
+            while any(p.busy for p in fresh):
                 left = deadline - self.clock.monotonic()
                 if left <= 0:
                     break
                 self._finished.wait(left)
-        now_mono = self.clock.monotonic()
+        # Stamped after the wait: a one-off command that waited `timeout` for a hung mount must say it has
+        # been stuck that long, not 0 s.
+        now_mono, now_wall = self.clock.monotonic(), self.clock.time()
         samples: list[FsSample] = []
         missing: list[str] = []
         for probe in current.values():
-            samples.append(self._sample_of(probe, now_mono, wall))
+            samples.append(self._sample_of(probe, now_mono, now_wall))
             if probe.last is not None and not probe.busy:
                 missing.extend(probe.last.missing)
-        # Paths whose mount is unknown (the path's parent mount is excluded): report as missing only if absent.
         return samples, missing
 
     def _sample_of(self, probe: _Probe, now_mono: float, wall: float) -> FsSample:

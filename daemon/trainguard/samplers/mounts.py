@@ -32,6 +32,8 @@ EXCLUDED_MOUNT_POINTS = (
     "/proc", "/proc/*", "/sys", "/sys/*", "/dev", "/dev/pts", "/dev/mqueue", "/dev/hugepages",
     "/run/credentials/*", "/var/lib/docker/*", "/var/lib/containers/storage/*", "/run/containerd/*",
     "/var/lib/containerd/*", "/var/lib/kubelet/pods/*", "/run/k3s/*", "/snap/*", "/var/snap/*",
+    # Single files a container runtime binds in from its own disk; the container's root already shows that disk.
+    "/etc/hosts", "/etc/hostname", "/etc/resolv.conf", "/dev/termination-log",
 )
 
 _OCTAL = re.compile(r"\\([0-7]{3})")

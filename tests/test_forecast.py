@@ -1,0 +1,229 @@
+"""Time-to-full forecasts on synthetic histories: right ETA for steady, bursty and cleaned-up disks,
+no alarm for disks that never fill."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+
+from tests.support import traces
+from tests.support.snapshots import GiB, mount, snapshot
+from trainguard import config as configmod
+from trainguard.detectors import DetectorInput, forecast
+from trainguard.detectors.forecast import fill_trend
+from trainguard.history import History
+from trainguard.records import FsSample, FsUsage, Severity
+
+H = 3600.0
+WINDOW = 6 * H
+T0 = 1_700_000_000.0
+
+
+def trend_at(process: traces.Process, ttf: float, seed: int = 1, window: float = WINDOW, min_span: float = 1800):
+    """The forecast made at the moment the process is really `ttf` seconds from full."""
+    now = process.moment_with_time_to_full(ttf)
+    pts = process.sample(max(0.0, now - window), now, seed=seed)
+    return fill_trend(pts, process.size, now, window, min_span), process.time_to_full(now)
+
+
+@pytest.mark.parametrize("ttf_h", [6, 3, 1])
+def test_steady_fill(ttf_h):
+    trend, real = trend_at(traces.steady(), ttf_h * H)
+    assert trend.eta == pytest.approx(real, rel=0.02)
+    assert trend.slope * H == pytest.approx(30 * GiB, rel=0.02)
+
+
+@pytest.mark.parametrize("ttf_h", [6, 3, 1])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_checkpoint_steps_do_not_swing_the_forecast(ttf_h, seed):
+    # 20 GiB every 30 min: a line fitted through the last step would say 600 GiB/h.
+    process = traces.checkpoints(start_free=(600 + 3.3 * seed) * GiB)
+    trend, real = trend_at(process, ttf_h * H, seed)
+    assert trend.slope * H == pytest.approx(40 * GiB, rel=0.1)
+    assert trend.eta == pytest.approx(real, rel=0.1)
+
+
+def test_forecast_between_checkpoints_is_stable():
+    """Evaluated every 5 minutes across two checkpoint periods, the rate holds still and the ETA stays
+    within one checkpoint of the truth."""
+    process = traces.checkpoints()
+    base = process.moment_with_time_to_full(4 * H)
+    for k in range(13):
+        now = base + 300 * k
+        trend = fill_trend(process.sample(now - WINDOW, now, seed=k), process.size, now, WINDOW, 1800)
+        assert trend.slope * H == pytest.approx(40 * GiB, rel=0.1)
+        assert abs(trend.eta - process.time_to_full(now)) <= 1800
+
+
+@pytest.mark.parametrize("ttf_h", [6, 3, 1])
+@pytest.mark.parametrize("phase", [7, 17, 33])  # GiB; not 0, whose saw-tooth grazes zero exactly
+def test_fill_with_periodic_cleanup_is_judged_before_the_next_cleanup(ttf_h, phase):
+    # 40 GiB/h written, a cron job frees 60 GiB every 2 h: net 10 GiB/h, but the disk fills at 40 GiB/h
+    # between cleanups, so with 30 GiB free and the next cleanup 1.5 h away it is full in 45 minutes.
+    process = traces.fill_with_cleanup(start_free=(600 + phase) * GiB)
+    trend, real = trend_at(process, ttf_h * H, phase)
+    assert trend.eta == pytest.approx(real, rel=0.05)
+    assert trend.cleanup_every == pytest.approx(2 * H, rel=0.01)
+    assert trend.cleanup_frees == pytest.approx(60 * GiB, rel=0.02)
+
+
+def test_a_disk_that_keeps_its_last_checkpoints_never_alerts():
+    """A trainer saving 20 GiB every 30 min and deleting the oldest: a saw-tooth that never fills."""
+    process = traces.keep_last_checkpoints()
+    config = configmod.parse({}, "test")
+    alerts = 0
+    for k in range(60):  # one evaluation every ~10 minutes over 10 hours, after a 7 h warm-up
+        now = 7 * H + 613 * k
+        pts = process.sample(now - WINDOW, now, seed=k)
+        findings = detect_on(pts, process.size, now, config)
+        alerts += len(findings)
+    assert alerts == 0
+
+
+@pytest.mark.parametrize("process", [traces.one_download(), traces.rotated_logs()], ids=lambda p: p.name)
+def test_disks_that_stop_filling_or_are_rotated_never_alert(process):
+    # A 100 GiB download in the middle of the window tilted a fit over the whole window to ~28 GiB/h
+    # (a warning for a disk that had stopped filling); an hourly rotation keeps a fast writer in check.
+    config = configmod.parse({}, "test")
+    for k in range(60):
+        now = 7 * H + 613 * k
+        assert detect_on(process.sample(now - WINDOW, now, seed=k), process.size, now, config) == [], k
+
+
+def test_a_single_write_followed_by_writing_keeps_the_later_rate():
+    # 100 GiB at once, then a steady 10 GiB/h: the trend is the 10 GiB/h, not the burst spread over 6 h.
+    def avail(t):
+        return 300 * GiB - (100 * GiB if t >= 3 * H else 0) - 10 * GiB * max(t - 3 * H, 0) / H
+
+    process = traces.Process("burst then steady", avail, noise=0.1 * GiB)
+    now = 6 * H
+    trend = fill_trend(process.sample(0, now), process.size, now, WINDOW, 1800)
+    assert trend.slope * H == pytest.approx(10 * GiB, rel=0.1)
+
+
+def test_noise_on_a_full_but_idle_disk_never_alerts():
+    process = traces.Process("idle", lambda t: 20 * GiB, noise=0.5 * GiB)
+    config = configmod.parse({}, "test")
+    for k in range(30):
+        now = 7 * H + 977 * k
+        assert detect_on(process.sample(now - WINDOW, now, seed=k), process.size, now, config) == []
+
+
+def test_one_recent_deletion_keeps_the_writers_pace():
+    # Filling at 30 GiB/h; 200 GiB deleted 10 minutes ago. The forecast keeps 30 GiB/h and counts from
+    # the new free space, without assuming another deletion.
+    def avail(t):
+        return 300 * GiB - 30 * GiB * t / H + (200 * GiB if t >= 5 * H else 0)
+
+    process = traces.Process("one deletion", avail, noise=0.2 * GiB)
+    now = 5 * H + 600
+    trend = fill_trend(process.sample(now - WINDOW, now), process.size, now, WINDOW, 1800)
+    assert trend.slope * H == pytest.approx(30 * GiB, rel=0.05)
+    assert trend.eta == pytest.approx(avail(now) / (30 * GiB) * H, rel=0.05)
+    assert trend.cleanup_every is None
+
+
+def test_an_older_deletion_is_a_change_point():
+    # Before the deletion the disk filled at 50 GiB/h; since then (2 h ago) at 10 GiB/h.
+    def avail(t):
+        return 400 * GiB - 50 * GiB * t / H if t < 4 * H else 600 * GiB - 10 * GiB * (t - 4 * H) / H
+
+    process = traces.Process("change point", avail, noise=0.1 * GiB)
+    now = 6 * H
+    trend = fill_trend(process.sample(0, now), process.size, now, WINDOW, 1800)
+    assert trend.slope * H == pytest.approx(10 * GiB, rel=0.05)
+    assert trend.span == pytest.approx(2 * H, abs=20)
+
+
+def test_a_slow_rm_over_several_samples_is_one_deletion():
+    # 60 GiB freed over 2 minutes (12 samples), every 2 h, on top of a 40 GiB/h writer.
+    def avail(t):
+        done, into = divmod(t, 2 * H)
+        return 600 * GiB - 40 * GiB * t / H + 60 * GiB * (done + min(into / 120, 1.0)) - 60 * GiB
+
+    process = traces.Process("slow rm", avail)
+    now = 7 * H
+    trend = fill_trend(process.sample(now - WINDOW, now), process.size, now, WINDOW, 1800)
+    assert trend.cleanup_every == pytest.approx(2 * H, rel=0.02)
+    assert trend.cleanup_frees == pytest.approx(60 * GiB, rel=0.05)
+
+
+def test_a_cleanup_that_stopped_coming_is_not_counted_on():
+    # Cleanups every hour until 3.5 h ago; now only the 40 GiB/h writer.
+    def avail(t):
+        return 500 * GiB - 40 * GiB * t / H + 35 * GiB * math.floor(min(t, 3 * H) / H)
+
+    process = traces.Process("stopped cleanup", avail)
+    now = 6.5 * H
+    trend = fill_trend(process.sample(now - WINDOW, now), process.size, now, WINDOW, 1800)
+    assert trend.eta == pytest.approx(avail(now) / (40 * GiB) * H, rel=0.05)
+
+
+def test_no_forecast_before_min_span_or_with_too_few_points():
+    process = traces.steady()
+    assert fill_trend(process.sample(0, 1700), process.size, 1700, WINDOW, 1800) is None
+    assert fill_trend(process.sample(0, 3600, interval=1800), process.size, 3600, WINDOW, 1800) is None
+    assert fill_trend(process.sample(0, 1800), process.size, 1800, WINDOW, 1800) is not None
+
+
+def test_a_disk_getting_emptier_has_no_eta():
+    process = traces.Process("draining", lambda t: 100 * GiB + 10 * GiB * t / H)
+    trend = fill_trend(process.sample(0, 3 * H), process.size, 3 * H, WINDOW, 1800)
+    assert trend.eta is None and trend.slope < 0
+
+
+def detect_on(pts, size, now, config, active=None):
+    h = History(None, window=config.forecast.window)
+    for ts, value in pts:
+        h.record(T0 + ts, {"fs.avail_bytes:/data": value})
+    avail = int(pts[-1][1])
+    usage = FsUsage(size_bytes=int(size), used_bytes=int(size) - avail, avail_bytes=avail, inodes_total=0,
+                    inodes_used=0, inodes_free=0)
+    snap = snapshot(FsSample(mount("/data"), T0 + now, usage), ts=T0 + now)
+    return forecast.detect(DetectorInput(config, h, snap, T0 + now, active or {}))
+
+
+@pytest.mark.parametrize("ttf_h, severity", [(8, None), (5, Severity.WARNING), (0.75, Severity.CRITICAL)])
+def test_alert_levels(ttf_h, severity):
+    process = traces.steady()
+    now = process.moment_with_time_to_full(ttf_h * H)
+    config = configmod.parse({}, "test")
+    found = detect_on(process.sample(now - WINDOW, now), process.size, now, config)
+    assert (found[0].severity if found else None) is severity
+    if found:
+        f = found[0]
+        assert f.key == "fs.forecast:/data" and f.threshold == (H if severity is Severity.CRITICAL else 6 * H)
+        assert f"~{'45m' if ttf_h < 1 else '5h'}" in f.summary and "30.0 GiB/h" in f.summary
+        assert f.details["eta_seconds"] == pytest.approx(ttf_h * H, rel=0.02)
+
+
+def test_an_active_forecast_alert_clears_only_well_past_its_limit():
+    process = traces.steady()
+    now = process.moment_with_time_to_full(6.5 * H)
+    config = configmod.parse({}, "test")
+    pts = process.sample(now - WINDOW, now)
+    assert detect_on(pts, process.size, now, config) == []
+    (f,) = detect_on(pts, process.size, now, config, active={"fs.forecast:/data": Severity.WARNING})
+    assert f.severity is Severity.WARNING
+
+
+def test_cleanup_regime_is_named_in_the_summary():
+    process = traces.fill_with_cleanup()
+    now = process.moment_with_time_to_full(1 * H)
+    (f,) = detect_on(process.sample(now - WINDOW, now), process.size, now, configmod.parse({}, "test"))
+    assert re.search(r"~1h0\dm left at (39|40)\.\d GiB/h, counting the cleanup that frees (5[89]|60)\.\d GiB every 2h",
+                     f.summary), f.summary
+
+
+def test_disabled_or_unresponsive_means_no_forecast():
+    process = traces.steady()
+    now = process.moment_with_time_to_full(H / 2)
+    pts = process.sample(now - WINDOW, now)
+    assert detect_on(pts, process.size, now, configmod.parse({"forecast": {"enabled": False}}, "test")) == []
+    h = History(None)
+    for ts, value in pts:
+        h.record(T0 + ts, {"fs.avail_bytes:/data": value})
+    snap = snapshot(FsSample(mount("/data"), T0 + now, None, responsive=False, unresponsive_since=T0))
+    assert forecast.detect(DetectorInput(configmod.parse({}, "test"), h, snap, T0 + now, {})) == []
