@@ -19,9 +19,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from trainguard.records import Finding, FsSample, GpuSample, LogMatch, Snapshot
+from trainguard.records import Finding, FsSample, GpuSample, LogMatch, MountKind, Snapshot
 from trainguard.samplers import procs
-from trainguard.samplers.procs import IoCounters, ProcessInfo, fs_kind
+from trainguard.samplers.mounts import containing_mount
+from trainguard.samplers.procs import IoCounters, ProcessInfo
 from trainguard.units import format_bytes, format_duration
 
 _CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt", ".safetensors", ".bin", ".h5", ".pkl", ".npz", ".tar")
@@ -126,12 +127,10 @@ def view_process(host_pid: int, pid: int | None, note: str, used_memory: int | N
     for fd in info.fds:
         if not fd.target.startswith("/"):
             continue  # sockets, pipes, anon inodes
-        mount = procs.mount_of(fd.target, info.mounts)
-        if mount is None:
+        mount = containing_mount(fd.target, info.mounts)
+        if mount is None or mount.kind is MountKind.LOCAL:
             continue
-        kind = fs_kind(mount.fstype)
-        if kind == "local":
-            continue
+        kind = mount.kind.value
         files.append(FileView(fd.fd, fd.target, file_category(fd.target), mount.mount_point, mount.fstype, kind,
                               _unresponsive_for(mount.mount_point, mount.source, mount.fstype, probes, now)))
     files.sort(key=lambda f: (_CATEGORY_RANK[f.category], f.unresponsive_for_s is None, f.path))

@@ -25,11 +25,11 @@ import re
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 from trainguard.config import LogWatch
-from trainguard.records import LogMatch
-from trainguard.samplers import procs
+from trainguard.records import LogMatch, Mount
+from trainguard.samplers.mounts import containing_mount, parse_mountinfo
 
 log = logging.getLogger("trainguard.logs")
 
@@ -171,9 +171,9 @@ class _Watch:
     tails: dict[str, FileTail]
 
 
-def _mount_kind(path: str, mounts: Sequence[procs.MountEntry]) -> str:
-    entry = procs.mount_of(os.path.abspath(path), mounts)
-    return procs.fs_kind(entry.fstype) if entry else "local"
+def _mount_kind(path: str, mounts: Sequence[Mount]) -> str:
+    mount = containing_mount(path, mounts)
+    return mount.kind.value if mount else "local"
 
 
 class LogWatcher:
@@ -265,7 +265,7 @@ class LogWatcher:
 
     def _directories(self) -> dict[str, str]:
         """Directory -> the observer mode it needs."""
-        mounts = procs.parse_mountinfo(_read(f"{self.proc_root}/self/mountinfo"))
+        mounts = parse_mountinfo(_read(f"{self.proc_root}/self/mountinfo"))
         dirs: dict[str, str] = {}
         for w in self._watches:
             for pattern in w.spec.paths:

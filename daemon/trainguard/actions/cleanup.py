@@ -25,7 +25,7 @@ import os
 import stat as stat_mod
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from trainguard.actions import policies as sel
 from trainguard.actions import walker
@@ -42,7 +42,7 @@ from trainguard.actions.safety import (
 )
 from trainguard.config import AgePolicy, CachePolicy, CheckpointsPolicy
 from trainguard.records import Finding, FsUsage, Severity
-from trainguard.units import format_bytes, format_duration, format_ratio
+from trainguard.units import format_bytes, format_ratio
 
 log = logging.getLogger(__name__)
 

@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from trainguard.samplers.mounts import parse_mountinfo
+
 log = logging.getLogger(__name__)
 
 # Directories that are never a cleanup root themselves (their children may be).
@@ -111,28 +113,10 @@ def open_checked_root(root: str, homes: frozenset[str] | None = None) -> OpenedR
     return OpenedRoot(norm, fd, st.st_dev, st.st_ino)
 
 
-def _unescape_mountinfo(field: str) -> str:
-    # mountinfo escapes space, tab, newline and backslash as \ooo octal.
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and i + 3 < len(field) + 0 and field[i + 1:i + 4].isdigit():
-            out.append(chr(int(field[i + 1:i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
-
-
 def mount_points(proc_root: str = "/proc") -> list[str]:
     """Mount points in this process's mount namespace, from <proc_root>/self/mountinfo."""
-    points = []
     with open(os.path.join(proc_root, "self", "mountinfo"), encoding="utf-8", errors="surrogateescape") as fh:
-        for line in fh:
-            fields = line.split()
-            if len(fields) > 4:
-                points.append(_unescape_mountinfo(fields[4]))
-    return points
+        return [m.mount_point for m in parse_mountinfo(fh.read())]
 
 
 def mounts_below(root: str, proc_root: str = "/proc") -> frozenset[str]:

@@ -13,6 +13,9 @@ import platform
 import re
 from dataclasses import dataclass
 
+from trainguard.records import Mount
+from trainguard.samplers.mounts import parse_mountinfo
+
 # Kernel wait channels that mean "waiting on a filesystem", even in S state: a write to a
 # hung FUSE mount sleeps interruptibly in request_wait_answer, NFS/SMB in rpc_/nfs_/cifs_.
 _FS_WCHAN_PREFIXES = (
@@ -43,10 +46,6 @@ _PATH_SYSCALLS = {
 _CONTAINER_ID = re.compile(
     r"(?:docker[-/]|cri-containerd[-:]|crio[-:]|libpod[-:]|containerd[-:]|/)([0-9a-f]{64})(?:\.scope)?(?:/|$)"
 )
-NETWORK_FSTYPES = frozenset({
-    "nfs", "nfs4", "cifs", "smb3", "smbfs", "ceph", "glusterfs", "lustre", "9p", "gpfs", "beegfs",
-    "afs", "ocfs2", "gfs2", "virtiofs",
-})
 PROC_PID_INIT_INO = 0xEFFFFFFC  # inode of the initial PID namespace, fixed in the kernel
 
 
@@ -81,13 +80,6 @@ class OpenFd:
 
 
 @dataclass(frozen=True, slots=True)
-class MountEntry:
-    mount_point: str
-    fstype: str
-    source: str
-
-
-@dataclass(frozen=True, slots=True)
 class ProcessInfo:
     pid: int
     name: str
@@ -98,7 +90,7 @@ class ProcessInfo:
     threads: tuple[ThreadInfo, ...]
     io: IoCounters | None
     fds: tuple[OpenFd, ...]
-    mounts: tuple[MountEntry, ...]  # the process's own mount namespace view
+    mounts: tuple[Mount, ...]  # the process's own mount namespace view
 
 
 def is_blocked(state: str, wchan: str) -> bool:
@@ -151,41 +143,6 @@ def container_id(cgroup_text: str) -> str | None:
         if match:
             return match.group(1)
     return None
-
-
-def parse_mountinfo(text: str) -> tuple[MountEntry, ...]:
-    entries = []
-    for line in text.splitlines():
-        left, sep, right = line.partition(" - ")
-        parts, rparts = left.split(), right.split()
-        if not sep or len(parts) < 5 or len(rparts) < 2:
-            continue
-        entries.append(MountEntry(_unescape(parts[4]), rparts[0], _unescape(rparts[1])))
-    return tuple(entries)
-
-
-def fs_kind(fstype: str) -> str:
-    """fuse / network / local, from an fstype like "fuse.juicefs" or "nfs4"."""
-    if fstype.startswith("fuse"):
-        return "fuse"
-    if fstype.split(".")[0] in NETWORK_FSTYPES:
-        return "network"
-    return "local"
-
-
-def _unescape(field: str) -> str:
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
-
-
-def mount_of(path: str, mounts: tuple[MountEntry, ...] | list[MountEntry]) -> MountEntry | None:
-    """The mount a path lives on: the longest mount point that is a prefix (last one wins on ties)."""
-    best: MountEntry | None = None
-    for entry in mounts:
-        mp = entry.mount_point
-        if path == mp or path.startswith(mp.rstrip("/") + "/"):
-            if best is None or len(mp) >= len(best.mount_point):
-                best = entry
-    return best
 
 
 def parse_syscall(text: str, machine: str | None = None) -> tuple[str, int | None]:
@@ -299,7 +256,7 @@ def inspect_process(proc_root: str, pid: int, machine: str | None = None) -> Pro
         threads=read_threads(proc_root, pid, machine),
         io=read_io(proc_root, pid),
         fds=read_fds(proc_root, pid),
-        mounts=parse_mountinfo(_read(f"{proc_root}/{pid}/mountinfo") or ""),
+        mounts=tuple(parse_mountinfo(_read(f"{proc_root}/{pid}/mountinfo") or "")),
     )
 
 
