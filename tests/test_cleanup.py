@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import mmap
 import os
 import sqlite3
 import subprocess

@@ -10,7 +10,6 @@ import shutil
 import subprocess
 import sys
 import urllib.request
-from pathlib import Path
 
 import pytest
 import yaml
