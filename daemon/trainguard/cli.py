@@ -24,6 +24,11 @@ def _add_common(parser: argparse.ArgumentParser, default: object) -> None:
                         help="state database directory (default: general.state_dir)")
 
 
+def quiet_logging() -> None:
+    """One-off commands print their own output; only problems are logged, one line each."""
+    logging.basicConfig(level=logging.WARNING, format="trainguard: %(message)s")
+
+
 def _load(args: argparse.Namespace) -> configmod.Loaded | None:
     try:
         return configmod.load(getattr(args, "config", None))
@@ -64,7 +69,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     loaded = _load(args)
     if loaded is None:
         return EXIT_CONFIG
-    logging.basicConfig(level=logging.WARNING, format="trainguard: %(message)s")
+    quiet_logging()
     doc = status.build(loaded.config, state_dir=args.state_dir)
     print(json.dumps(doc, indent=2) if args.json else status.render(doc))
     return EXIT_OK
@@ -82,7 +87,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     loaded = _load(args)
     if loaded is None:
         return EXIT_CONFIG
-    logging.basicConfig(level=logging.WARNING, format="trainguard: %(message)s")
+    quiet_logging()
     cfg = loaded.config
     samplers = Samplers.from_config(cfg, SystemClock(), nvml=getattr(args, "nvml", None))
     if samplers.gpu is None:
@@ -141,7 +146,7 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     loaded = _load(args)
     if loaded is None:
         return EXIT_CONFIG
-    logging.basicConfig(level=logging.WARNING, format="trainguard: %(message)s")
+    quiet_logging()
     policies = list(loaded.config.cleanup)
     if args.policy:
         chosen = [p for p in policies if p.name == args.policy]
@@ -210,7 +215,7 @@ def cmd_test_alert(args: argparse.Namespace) -> int:
     loaded = _load(args)
     if loaded is None:
         return EXIT_CONFIG
-    logging.basicConfig(level=logging.WARNING, format="trainguard: %(message)s")
+    quiet_logging()
     cfg = loaded.config
     targets = cfg.notify.targets
     if args.target:
