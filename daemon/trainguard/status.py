@@ -6,7 +6,6 @@ for people and may change.
 
 from __future__ import annotations
 
-import datetime as dt
 import time
 from typing import Any, Sequence
 
@@ -19,14 +18,10 @@ from trainguard.history import History
 from trainguard.diagnosis import StallDiagnoser
 from trainguard.records import Finding, FsSample, GpuSample, Severity, Snapshot
 from trainguard.service import Samplers, series_of
-from trainguard.units import format_bytes, format_duration, format_ratio
+from trainguard.units import format_bytes, format_duration, format_iso_utc, format_ratio
 
 SCHEMA_VERSION = 1
 DISK_SAMPLE_GAP = 0.5  # seconds between the two diskstats readings a rate needs
-
-
-def _iso(ts: float | None) -> str | None:
-    return None if ts is None else dt.datetime.fromtimestamp(ts, dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def finding_doc(f: Finding) -> dict[str, Any]:
@@ -101,8 +96,8 @@ def gpu_status_doc(snapshot: Snapshot) -> dict[str, Any] | None:
     st = snapshot.gpu_status
     if st is None:
         return None
-    return {"state": st.state.value, "message": st.message, "since": _iso(st.since),
-            "next_retry": _iso(st.next_retry), "driver_version": st.driver_version,
+    return {"state": st.state.value, "message": st.message, "since": format_iso_utc(st.since),
+            "next_retry": format_iso_utc(st.next_retry), "driver_version": st.driver_version,
             "device_count": st.device_count, "lost": list(st.lost)}
 
 
@@ -134,7 +129,7 @@ def build(cfg: configmod.Config, *, state_dir: str | None = None, clock: Clock |
     doc: dict[str, Any] = {
         "version": SCHEMA_VERSION,
         "host": cfg.general.host,
-        "generated_at": _iso(now),
+        "generated_at": format_iso_utc(now),
         "daemon_state": conn is not None,
         "filesystems": [filesystem_doc(s, snapshot, history, cfg, findings, now) for s in snapshot.filesystems],
         "missing_paths": list(snapshot.missing_paths),
@@ -143,13 +138,13 @@ def build(cfg: configmod.Config, *, state_dir: str | None = None, clock: Clock |
         "findings": [finding_doc(f) for f in sorted(findings, key=lambda f: (-f.severity.rank, f.key))],
         "alerts": [
             {"key": s.key, "state": s.state, "severity": s.severity.value, "summary": s.finding.summary,
-             "pending_since": _iso(s.pending_since), "firing_since": _iso(s.firing_since)}
+             "pending_since": format_iso_utc(s.pending_since), "firing_since": format_iso_utc(s.firing_since)}
             for s in sorted(alert_states, key=lambda s: s.key)
         ],
     }
     doc["cleanup"] = [
         {"policy": f.policy, "freed_bytes_24h": f.bytes_24h, "freed_files_24h": f.files_24h,
-         "freed_bytes_total": f.bytes_total, "freed_files_total": f.files_total, "last_run": _iso(f.last_run)}
+         "freed_bytes_total": f.bytes_total, "freed_files_total": f.files_total, "last_run": format_iso_utc(f.last_run)}
         for f in (read_freed(conn, now) if conn is not None else [])
     ]
     doc["outbox"] = outbox_doc(conn, cfg, now)
@@ -166,12 +161,12 @@ def outbox_doc(conn, cfg: configmod.Config, now: float) -> dict[str, Any]:
     configured = [t.name for t in cfg.notify.targets]
     per_target = {**{n: summary_target_zero() for n in configured}, **s["targets"]}
     targets = [{"name": name, "configured": name in configured, **{k: v for k, v in t.items() if k != "next_try"},
-                "next_try_at": _iso(t["next_try"])} for name, t in sorted(per_target.items())]
+                "next_try_at": format_iso_utc(t["next_try"])} for name, t in sorted(per_target.items())]
     return {
         "pending": s["pending"], "failed_24h": s["failed_24h"], "delivered_24h": s["delivered_24h"],
         "dropped": s["dropped"],
         "retrying": [{"target": r["target"], "alerts": r["alerts"], "attempts": r["attempts"],
-                      "next_try_at": _iso(r["next_try"]), "oldest_at": _iso(r["oldest"]),
+                      "next_try_at": format_iso_utc(r["next_try"]), "oldest_at": format_iso_utc(r["oldest"]),
                       "last_error": r["last_error"]} for r in s["retrying"]],
         "targets": targets,
     }

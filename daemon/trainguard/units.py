@@ -8,6 +8,7 @@ that into one line per bad key.
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import re
 from typing import Annotated
@@ -122,6 +123,11 @@ def format_duration(seconds: float | None) -> str:
 
 def format_ratio(r: float | None) -> str:
     return "-" if r is None else f"{r * 100:.1f}%"
+
+
+def format_iso_utc(ts: float | None) -> str | None:
+    """A wall-clock time for machines (JSON output, webhook payloads): ISO 8601 in UTC, to the second."""
+    return None if ts is None else dt.datetime.fromtimestamp(ts, dt.timezone.utc).isoformat(timespec="seconds")
 
 
 # Annotated types for pydantic models; serialised back in the human form.

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from trainguard.records import AlertEvent, AlertStatus, Finding, Severity
-from trainguard.units import format_bytes, format_duration, format_ratio
+from trainguard.units import format_bytes, format_duration, format_iso_utc, format_ratio
 
 PAYLOAD_VERSION = 1
 MAX_LISTED = 20  # a grouped message lists at most this many alerts in full; the rest as a count
@@ -33,10 +33,6 @@ def _when(ts: float | None) -> str:
     if ts is None:
         return "-"
     return dt.datetime.fromtimestamp(ts).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
-
-
-def _iso(ts: float | None) -> str | None:
-    return None if ts is None else dt.datetime.fromtimestamp(ts, dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def format_detail(name: str, value: Any) -> str:
@@ -118,7 +114,7 @@ def event_payload(host: str, event: AlertEvent) -> dict[str, Any]:
     return {
         "host": host, "key": f.key, "severity": f.severity.value, "status": event.status.value,
         "summary": f.summary, "details": dict(f.details), "labels": dict(f.labels),
-        "started_at": _iso(event.started_at), "ts": _iso(event.ts),
+        "started_at": format_iso_utc(event.started_at), "ts": format_iso_utc(event.ts),
         "duration_seconds": round(event.duration_s, 1) if event.status is AlertStatus.RESOLVED else None,
         "value": f.value, "threshold": f.threshold, "repeat": event.repeat,
         "action_taken": f.details.get("action_taken"), "hint": f.hint or None,
