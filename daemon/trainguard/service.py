@@ -13,7 +13,7 @@ import signal
 import sqlite3
 import threading
 from dataclasses import dataclass, field, replace
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from trainguard import config as configmod
 from trainguard.alerts import Lifecycle
@@ -22,7 +22,6 @@ from trainguard.detectors import DetectorInput, evaluate
 from trainguard.detectors.gpu import gpu_series
 from trainguard.detectors.forecast import fill_trend
 from trainguard.diagnosis import StallDiagnoser
-from trainguard.actions.worker import CleanupWorker, make_runner_factory
 from trainguard.exporter import MetricsServer, Readings
 from trainguard.health import Heartbeat
 from trainguard.history import History
@@ -36,6 +35,9 @@ from trainguard.samplers.fs import FsSampler
 from trainguard.samplers.gpu import GpuSampler, load_nvml
 from trainguard.sdnotify import SdNotifier
 from trainguard.state import StateDb, choose_state_dir
+
+if TYPE_CHECKING:
+    from trainguard.actions.worker import CleanupWorker
 
 log = logging.getLogger(__name__)
 
@@ -226,6 +228,9 @@ class Daemon:
         policies = [p for p in cfg.cleanup if p.enabled]
         if not policies:
             return None
+        # Loaded only when a policy is on: a daemon that never cleans up need not carry the walker and policies.
+        from trainguard.actions.worker import CleanupWorker, make_runner_factory
+
         worker = CleanupWorker(make_runner_factory(policies, self.db.connect, cfg.general.proc_root),
                                clock=self.clock.time)
         worker.start()
