@@ -10,12 +10,12 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import sqlite3
 import threading
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Sequence
 
 from trainguard import config as configmod
+from trainguard.actions.audit import freed_totals
 from trainguard.alerts import Lifecycle
 from trainguard.clock import Clock, SystemClock
 from trainguard.detectors import DetectorInput, evaluate
@@ -90,15 +90,6 @@ def status_line(snapshot: Snapshot, firing: int) -> str:
     parts.append(f"{gpus} GPU{'s' if gpus != 1 else ''}")
     parts.append(f"{firing} firing")
     return ", ".join(parts)
-
-
-def cleanup_freed_totals(conn: sqlite3.Connection) -> dict[str, int] | None:
-    """Bytes freed per policy since the state db was created (the audit log's running totals);
-    None before any cleanup has run. One tiny table: cheap enough to read every cycle."""
-    try:
-        return dict(conn.execute("SELECT policy, bytes FROM cleanup_totals"))
-    except sqlite3.OperationalError:  # the table does not exist until cleanup first runs
-        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,7 +257,7 @@ class Daemon:
         )
 
     def _cleanup_freed(self) -> dict[str, int] | None:
-        totals = cleanup_freed_totals(self.heartbeat.conn)
+        totals = freed_totals(self.heartbeat.conn)
         if totals is None and self.cleanup is not None:
             return {}  # cleanup configured, nothing freed yet: the counter family exists at 0 series
         return totals

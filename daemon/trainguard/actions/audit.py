@@ -117,6 +117,15 @@ class AuditLog:
         return list(self.conn.execute(sql, args + (limit,)))
 
 
+def freed_totals(conn: sqlite3.Connection) -> dict[str, int] | None:
+    """Bytes freed per policy since the state db was created (the running totals);
+    None before any cleanup has run. One tiny table: cheap enough to read every cycle."""
+    try:
+        return dict(conn.execute("SELECT policy, bytes FROM cleanup_totals"))
+    except sqlite3.OperationalError:  # the table does not exist until cleanup first runs
+        return None
+
+
 def read_freed(conn: sqlite3.Connection, now: float, window: float = 86400.0) -> list[Freed]:
     """Freed per policy from a (read-only) connection, for `trainguard status`; [] before any cleanup."""
     try:
