@@ -168,8 +168,7 @@ class Daemon:
                                    keep_firing_for=cfg.alerts.keep_firing_for)
         self.heartbeat = Heartbeat(self.db.connect(), os.getpid())
         self.samplers = Samplers.from_config(cfg, self.clock, nvml=self.nvml, follow_logs=True)
-        self.diagnoser = StallDiagnoser(cfg.general.proc_root, window=cfg.gpu.for_, py_spy=cfg.gpu.py_spy,
-                                        clock=self.clock.time)
+        self.diagnoser = self._make_diagnoser(cfg)
         if self.notifiers is not None:
             self.notifiers = list(self.notifiers)
         else:
@@ -214,6 +213,9 @@ class Daemon:
         self.readings = self._readings(self.latest, now)
         self.heartbeat.beat(self.readings.ts, self.status_line())
         return self.latest
+
+    def _make_diagnoser(self, cfg: configmod.Config) -> StallDiagnoser:
+        return StallDiagnoser(cfg.general.proc_root, window=cfg.gpu.for_, py_spy=cfg.gpu.py_spy, clock=self.clock.time)
 
     def _start_cleanup(self, cfg: configmod.Config) -> CleanupWorker | None:
         policies = [p for p in cfg.cleanup if p.enabled]
@@ -307,8 +309,7 @@ class Daemon:
             self.start_metrics()
         self.samplers.close()
         self.samplers = Samplers.from_config(cfg, self.clock, nvml=self.nvml, follow_logs=True)
-        self.diagnoser = StallDiagnoser(cfg.general.proc_root, window=cfg.gpu.for_, py_spy=cfg.gpu.py_spy,
-                                        clock=self.clock.time)
+        self.diagnoser = self._make_diagnoser(cfg)
         self.lifecycle.configure(repeat_interval=cfg.alerts.repeat_interval,
                                  keep_firing_for=cfg.alerts.keep_firing_for)
         if self.cleanup is not None:
