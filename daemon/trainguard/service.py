@@ -20,7 +20,7 @@ from trainguard.alerts import Lifecycle
 from trainguard.clock import Clock, SystemClock
 from trainguard.detectors import DetectorInput, evaluate
 from trainguard.detectors.gpu import gpu_series
-from trainguard.detectors.forecast import fill_trend
+from trainguard.detectors.forecast import mount_trend
 from trainguard.diagnosis import StallDiagnoser
 from trainguard.exporter import MetricsServer, Readings
 from trainguard.health import Heartbeat
@@ -69,13 +69,9 @@ def fill_etas(snapshot: Snapshot, history: History, cfg: configmod.Config, now: 
     if not cfg.forecast.enabled:
         return etas
     for s in snapshot.filesystems:
-        if not s.responsive or s.usage is None or s.usage.size_bytes <= 0:
-            continue
-        mp = s.mount.mount_point
-        points = history.points(f"fs.avail_bytes:{mp}", now - cfg.forecast.window)
-        trend = fill_trend(points, s.usage.size_bytes, now, cfg.forecast.window, cfg.forecast.min_span)
+        trend = mount_trend(s, history, cfg.forecast, now)
         if trend is not None and trend.eta is not None:
-            etas[mp] = trend.eta
+            etas[s.mount.mount_point] = trend.eta
     return etas
 
 

@@ -13,7 +13,7 @@ from trainguard import alerts, config as configmod, state
 from trainguard.actions.audit import read_freed
 from trainguard.clock import Clock, SystemClock
 from trainguard.detectors import DetectorInput, evaluate
-from trainguard.detectors.forecast import fill_trend
+from trainguard.detectors.forecast import mount_trend
 from trainguard.history import History
 from trainguard.diagnosis import StallDiagnoser
 from trainguard.records import Finding, FsSample, GpuSample, Severity, Snapshot
@@ -44,10 +44,7 @@ def filesystem_doc(sample: FsSample, snapshot: Snapshot, history: History, cfg: 
                    findings: Sequence[Finding], now: float) -> dict[str, Any]:
     m, u = sample.mount, sample.usage
     disk = snapshot.disk_for(m)
-    trend = None
-    if u is not None and sample.responsive and u.size_bytes > 0:
-        points = history.points(f"fs.avail_bytes:{m.mount_point}", now - cfg.forecast.window)
-        trend = fill_trend(points, u.size_bytes, now, cfg.forecast.window, cfg.forecast.min_span)
+    trend = mount_trend(sample, history, cfg.forecast, now)
     return {
         "mountpoint": m.mount_point, "fstype": m.fstype, "device": m.source, "kind": m.kind.value,
         "size_bytes": u.size_bytes if u else None, "used_bytes": u.used_bytes if u else None,

@@ -30,11 +30,15 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from trainguard.detectors import filesystem
-from trainguard.records import Finding, Severity
+from trainguard.records import Finding, FsSample, Severity
 from trainguard.units import format_bytes, format_duration, format_ratio
+
+if TYPE_CHECKING:
+    from trainguard.config import Forecast
+    from trainguard.history import History
 
 BUCKETS = 48  # points the window is reduced to; 48 -> ~1100 pairs, cheap in pure Python
 MIN_POINTS = 4
@@ -180,6 +184,15 @@ def fill_trend(avail: Sequence[tuple[float, float]], size: float, now: float, wi
     return Trend(slope=gross, span=span, points=len(pts), eta=eta, cleanup_every=period, cleanup_frees=freed)
 
 
+def mount_trend(sample: FsSample, history: History, cfg: Forecast, now: float) -> Trend | None:
+    """A sampled mount's fill trend from its history: the one fit the detector, the metrics
+    and `status` all show. None for a mount without usable usage."""
+    if not sample.responsive or sample.usage is None or sample.usage.size_bytes <= 0:
+        return None
+    points = history.points(f"fs.avail_bytes:{sample.mount.mount_point}", now - cfg.window)
+    return fill_trend(points, sample.usage.size_bytes, now, cfg.window, cfg.min_span)
+
+
 HINT = "free space now (trainguard cleanup --dry-run shows candidates) or move output to a larger volume"
 
 
@@ -189,13 +202,10 @@ def detect(inp) -> list[Finding]:
         return []
     findings: list[Finding] = []
     for sample in inp.snapshot.filesystems:
-        if not sample.responsive or sample.usage is None or sample.usage.size_bytes <= 0:
-            continue
         mp = sample.mount.mount_point
         if filesystem.ignored(inp.config.filesystems, mp):
             continue
-        series = inp.history.points(f"fs.avail_bytes:{mp}", inp.now - cfg.window)
-        trend = fill_trend(series, sample.usage.size_bytes, inp.now, cfg.window, cfg.min_span)
+        trend = mount_trend(sample, inp.history, cfg, inp.now)
         if trend is None or trend.eta is None:
             continue
         key = f"fs.forecast:{mp}"
