@@ -29,15 +29,19 @@ def finding_doc(f: Finding) -> dict[str, Any]:
             "labels": dict(f.labels), "value": f.value, "threshold": f.threshold, "hint": f.hint}
 
 
+def _severity_state(findings: Sequence[Finding]) -> str:
+    """"critical", "warning" or "ok": the worst of an object's findings."""
+    if any(f.severity is Severity.CRITICAL for f in findings):
+        return "critical"
+    if any(f.severity is Severity.WARNING for f in findings):
+        return "warning"
+    return "ok"
+
+
 def _mount_state(sample: FsSample, findings: Sequence[Finding]) -> str:
     if not sample.responsive:
         return "unresponsive"
-    mine = [f for f in findings if f.labels.get("mountpoint") == sample.mount.mount_point]
-    if any(f.severity is Severity.CRITICAL for f in mine):
-        return "critical"
-    if any(f.severity is Severity.WARNING for f in mine):
-        return "warning"
-    return "ok"
+    return _severity_state([f for f in findings if f.labels.get("mountpoint") == sample.mount.mount_point])
 
 
 def filesystem_doc(sample: FsSample, snapshot: Snapshot, history: History, cfg: configmod.Config,
@@ -70,9 +74,7 @@ def filesystem_doc(sample: FsSample, snapshot: Snapshot, history: History, cfg: 
 def gpu_doc(g: GpuSample, findings: Sequence[Finding]) -> dict[str, Any]:
     mine = [f for f in findings if f.labels.get("gpu") == str(g.index)]
     stall = next((f for f in mine if f.kind == "gpu.stall"), None)
-    state = "lost" if g.lost else "stalled" if stall else (
-        "critical" if any(f.severity is Severity.CRITICAL for f in mine) else
-        "warning" if any(f.severity is Severity.WARNING for f in mine) else "ok")
+    state = "lost" if g.lost else "stalled" if stall else _severity_state(mine)
     return {
         "index": g.index, "uuid": g.uuid, "name": g.name, "state": state,
         "util_ratio": round(g.util_ratio, 4) if g.util_ratio is not None else None,
