@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 
 from trainguard.config import LogWatch
 from trainguard.records import LogMatch, Mount
-from trainguard.samplers.mounts import containing_mount, parse_mountinfo
+from trainguard.samplers.mounts import containing_mount, read_mounts
 
 log = logging.getLogger("trainguard.logs")
 
@@ -265,7 +265,10 @@ class LogWatcher:
 
     def _directories(self) -> dict[str, str]:
         """Directory -> the observer mode it needs."""
-        mounts = parse_mountinfo(_read(f"{self.proc_root}/self/mountinfo"))
+        try:
+            mounts = read_mounts(self.proc_root, own=True)
+        except OSError:
+            mounts = []
         dirs: dict[str, str] = {}
         for w in self._watches:
             for pattern in w.spec.paths:
@@ -353,11 +356,3 @@ def _static_prefix(pattern: str) -> str:
         parts.append(part)
     path = os.sep.join(parts) or os.sep
     return path if os.path.isdir(path) else os.path.dirname(path) or os.sep
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return fh.read()
-    except OSError:
-        return ""

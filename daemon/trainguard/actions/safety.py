@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from trainguard.samplers.mounts import parse_mountinfo
+from trainguard.samplers.mounts import read_mounts
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +115,7 @@ def open_checked_root(root: str, homes: frozenset[str] | None = None) -> OpenedR
 
 def mount_points(proc_root: str = "/proc") -> list[str]:
     """Mount points in this process's mount namespace, from <proc_root>/self/mountinfo."""
-    with open(os.path.join(proc_root, "self", "mountinfo"), encoding="utf-8", errors="surrogateescape") as fh:
-        return [m.mount_point for m in parse_mountinfo(fh.read())]
+    return [m.mount_point for m in read_mounts(proc_root, own=True)]
 
 
 def mounts_below(root: str, proc_root: str = "/proc") -> frozenset[str]:

@@ -143,8 +143,11 @@ def mountinfo_path(proc_root: str = "/proc") -> str:
     return os.path.join(proc_root, "self", "mountinfo")
 
 
-def read_mounts(proc_root: str = "/proc") -> list[Mount]:
-    with open(mountinfo_path(proc_root), encoding="utf-8", errors="surrogateescape") as fh:
+def read_mounts(proc_root: str = "/proc", *, own: bool = False) -> list[Mount]:
+    """The mount table (see mountinfo_path); own=True: this process's own mount namespace,
+    <proc_root>/self/mountinfo, for paths this process opens itself."""
+    path = os.path.join(proc_root, "self", "mountinfo") if own else mountinfo_path(proc_root)
+    with open(path, encoding="utf-8", errors="surrogateescape") as fh:
         return parse_mountinfo(fh.read())
 
 
