@@ -209,6 +209,7 @@ def cmd_test_alert(args: argparse.Namespace) -> int:
 
     from trainguard.notify.apprise_sender import AppriseSender
     from trainguard.notify.messages import compose
+    from trainguard.notify.worker import below_floor
     from trainguard.records import AlertEvent, AlertStatus, Finding, Severity
     from trainguard.redact import Redactor, redact_url
 
@@ -246,7 +247,7 @@ def cmd_test_alert(args: argparse.Namespace) -> int:
         delivery = sender.send(target, message)
         took = time.monotonic() - started
         note = ""
-        if severity.rank < Severity(target.severity).rank:
+        if below_floor(target, severity):
             note = f" (note: real {severity.value} alerts are not sent here: severity floor is {target.severity})"
         if delivery.ok:
             print(f"{target.name}: delivered in {took:.1f}s via {redact_url(target.url)}{note}")

@@ -66,9 +66,14 @@ class TokenBucket:
             self.tokens -= 1.0
 
 
+def below_floor(target: NotifyTarget, severity: Severity) -> bool:
+    """The target's severity floor: it is not sent alerts less severe than this."""
+    return severity.rank < Severity(target.severity).rank
+
+
 def accepts(target: NotifyTarget, event: AlertEvent) -> bool:
     """The target's severity floor and tag routing."""
-    if event.finding.severity.rank < Severity(target.severity).rank:
+    if below_floor(target, event.finding.severity):
         return False
     return not target.tags or bool(finding_tags(event.finding) & set(target.tags))
 
