@@ -234,7 +234,7 @@ class GpuRule(Strict):
 
 # Throttle reasons that mean the GPU is slowed by heat or power delivery, not by normal load
 # (SW power capping is routine at full load and is left out by default).
-THROTTLE_REASON_NAMES = ("sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake")
+ThrottleReason = Literal["sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"]
 
 
 class Gpu(Strict):
@@ -249,7 +249,7 @@ class Gpu(Strict):
     orphan_for: Duration = 60.0  # memory held by a dead/zombie process this long -> alert
     xid_hold: Duration = 3600.0  # an XID alert stays up this long after the last event
     throttle_for: Duration = 600.0
-    throttle_reasons: list[Literal["sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"]] = [
+    throttle_reasons: list[ThrottleReason] = [
         "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake",
     ]
     # NVML reports host PIDs. "auto": trust them when our /proc is the host PID namespace.
