@@ -98,14 +98,6 @@ class AuditLog:
         self.flush()
         return read_freed(self.conn, self.clock(), window)
 
-    def freed_on(self, mount: str, since: float) -> list[tuple[str, int, int]]:
-        """(policy, files, bytes) freed on one mount since a time: for "what trainguard already did"."""
-        self.flush()
-        return list(self.conn.execute(
-            "SELECT policy, SUM(files), SUM(bytes) FROM cleanup_audit WHERE mount = ? AND ts >= ? "
-            "GROUP BY policy ORDER BY policy", (mount, since),
-        ))
-
     def entries(self, policy: str | None = None, limit: int = 100) -> list[tuple[float, str, str, int, str]]:
         self.flush()
         sql = "SELECT ts, policy, path, bytes, reason FROM cleanup_audit"

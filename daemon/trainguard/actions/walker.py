@@ -41,11 +41,6 @@ class WalkProblem(NamedTuple):
     detail: str
 
 
-def open_root(path: str) -> int:
-    """Open a root directory; refuses a symlink as the last component."""
-    return os.open(path, _DIR_FLAGS)
-
-
 def open_dir_at(parent_fd: int, name: str, expect_dev: int) -> int:
     """Open a child directory relative to parent_fd, refusing symlinks and other filesystems."""
     fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)

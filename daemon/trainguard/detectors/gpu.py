@@ -177,10 +177,6 @@ def detect_orphans(cfg: GpuConfig, snapshot: Snapshot) -> list[Finding]:
     return findings
 
 
-def xid_meaning(xid: int) -> str:
-    return XID_MEANINGS.get(xid, ("see NVIDIA's XID catalogue", ""))[0]
-
-
 def detect_xid(cfg: GpuConfig, points: Points, snapshot: Snapshot, now: float) -> list[Finding]:
     """An XID alert stays up for xid_hold after the last event (events are one-shot)."""
     findings = []

@@ -57,24 +57,6 @@ _STATE_MESSAGES = {
 }
 
 # Bit -> name for the throttle reasons trainguard reports (nvmlClocksEventReason*).
-THROTTLE_BITS = {
-    "gpu_idle": 0x1,
-    "applications_clocks": 0x2,
-    "sw_power_cap": 0x4,
-    "hw_slowdown": 0x8,
-    "sync_boost": 0x10,
-    "sw_thermal": 0x20,
-    "hw_thermal": 0x40,
-    "hw_power_brake": 0x80,
-}
-
-
-def throttle_names(mask: int | None) -> tuple[str, ...]:
-    if not mask:
-        return ()
-    return tuple(name for name, bit in THROTTLE_BITS.items() if mask & bit)
-
-
 def load_nvml() -> ModuleType | None:
     """The installed pynvml module, or None when nvidia-ml-py is not installed."""
     try:

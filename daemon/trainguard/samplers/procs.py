@@ -169,14 +169,6 @@ def read_state(proc_root: str, pid: int) -> str | None:
     return tail[0] if tail else None
 
 
-def read_ns_pids(proc_root: str, pid: int) -> tuple[int, ...]:
-    status = _read(f"{proc_root}/{pid}/status")
-    if status is None:
-        return ()
-    value = parse_status(status).get("NSpid", "")
-    return tuple(int(v) for v in value.split() if v.isdigit())
-
-
 def read_io(proc_root: str, pid: int) -> IoCounters | None:
     text = _read(f"{proc_root}/{pid}/io")
     return parse_io(text) if text is not None else None
@@ -222,22 +214,6 @@ def read_fds(proc_root: str, pid: int) -> tuple[OpenFd, ...]:
         except OSError:
             continue  # closed meanwhile
     return tuple(sorted(fds, key=lambda f: f.fd))
-
-
-def has_gpu_device_open(proc_root: str, pid: int) -> bool | None:
-    """True when the process has /dev/nvidia* open; None when its fds are not readable."""
-    base = f"{proc_root}/{pid}/fd"
-    try:
-        names = os.listdir(base)
-    except OSError:
-        return None
-    for name in names:
-        try:
-            if os.readlink(f"{base}/{name}").startswith("/dev/nvidia"):
-                return True
-        except OSError:
-            continue
-    return False
 
 
 def inspect_process(proc_root: str, pid: int, machine: str | None = None) -> ProcessInfo | None:
