@@ -16,7 +16,7 @@ import logging
 import platform
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping
+from typing import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -142,14 +142,14 @@ class ReadingsCollector:
         yield from (util, read, write)
 
     def _gpus(self, r: Readings) -> Iterator[Metric]:
-        status = getattr(r.snapshot, "gpu_status", None)
+        status = r.snapshot.gpu_status
         if status is not None:
             nvml = GaugeMetricFamily("trainguard_nvml_state",
                                      "1 for NVML's current state (ok, off, no_driver, mismatch, lost ...)",
                                      labels=("state",))
             nvml.add_metric((status.state.value,), 1)
             yield nvml
-        gpus: tuple[Any, ...] = getattr(r.snapshot, "gpus", ())
+        gpus = r.snapshot.gpus
         if not gpus:
             return
         util = GaugeMetricFamily("trainguard_gpu_utilization_ratio",

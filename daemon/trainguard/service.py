@@ -82,7 +82,7 @@ def status_line(snapshot: Snapshot, firing: int) -> str:
     stuck = sum(1 for s in snapshot.filesystems if not s.responsive)
     if stuck:
         parts[0] += f" ({stuck} unresponsive)"
-    gpus = len(getattr(snapshot, "gpus", ()))
+    gpus = len(snapshot.gpus)
     parts.append(f"{gpus} GPU{'s' if gpus != 1 else ''}")
     parts.append(f"{firing} firing")
     return ", ".join(parts)
