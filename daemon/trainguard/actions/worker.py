@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 from trainguard.actions.audit import AuditLog
 from trainguard.actions.cleanup import CleanupReport, CleanupRunner, Policy, findings_for, usage_of
 from trainguard.records import Finding, FsSample, Snapshot
+from trainguard.samplers.mounts import containing_mount
 
 log = logging.getLogger(__name__)
 
@@ -28,12 +29,8 @@ def sample_for_path(snapshot: Snapshot | None, path: str) -> FsSample | None:
     """The snapshot's sample of the filesystem holding path (longest mount point prefix)."""
     if snapshot is None:
         return None
-    best, best_len = None, -1
-    for sample in snapshot.filesystems:
-        mp = sample.mount.mount_point
-        if (mp == "/" or path == mp or path.startswith(mp.rstrip("/") + "/")) and len(mp) > best_len:
-            best, best_len = sample, len(mp)
-    return best
+    mount = containing_mount(path, [sample.mount for sample in snapshot.filesystems])
+    return next((sample for sample in snapshot.filesystems if sample.mount is mount), None)
 
 
 class Scheduler:
