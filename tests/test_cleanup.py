@@ -16,10 +16,11 @@ import pytest
 from trainguard import config
 from trainguard.actions import policies as sel
 from trainguard.actions.audit import AuditLog
-from trainguard.actions.cleanup import CleanupRunner, findings_for, usage_of
+from trainguard.actions.cleanup import CleanupRunner, findings_for
 from trainguard.actions.safety import UnsafeRoot, open_checked_root
 from trainguard.actions.worker import Scheduler
 from trainguard.records import FsSample, Mount, MountKind, Severity, Snapshot
+from trainguard.samplers.fs import usage_from_statvfs
 
 DAY = 86400.0
 NOW = time.time()
@@ -458,10 +459,10 @@ def test_watermark_deletes_oldest_first_and_stops_at_low(tmp_path):
         for i in range(14):  # 14 x 1 MiB of 16 MiB: 87.5 % used
             make(fs / "runs" / f"old{i:02d}.dat", 1 << 20, age=(100 - i) * DAY)
         pol = policy(type="age", roots=[str(fs / "runs")], age_by=["mtime"], watermark=True, high="85%", low="60%")
-        used = usage_of(os.statvfs(fs)).used_ratio
+        used = usage_from_statvfs(os.statvfs(fs)).used_ratio
         assert used >= 0.85
         report = runner(tmp_path, DAY).run(pol, trigger="watermark")
-        after = usage_of(os.statvfs(fs)).used_ratio
+        after = usage_from_statvfs(os.statvfs(fs)).used_ratio
         assert 0.5 < after <= 0.60
         # the oldest went first, and it stopped as soon as it reached low
         assert names(fs / "runs") == {f"old{i:02d}.dat" for i in range(14 - len(names(fs / "runs")), 14)}

@@ -42,6 +42,7 @@ from trainguard.actions.safety import (
 )
 from trainguard.config import AgePolicy, CachePolicy, CheckpointsPolicy
 from trainguard.records import Finding, FsUsage, Severity
+from trainguard.samplers.fs import usage_from_statvfs
 from trainguard.units import format_bytes, format_ratio
 
 log = logging.getLogger(__name__)
@@ -93,18 +94,6 @@ class CleanupReport:
     @property
     def mounts(self) -> list[str]:
         return sorted({r.mount for r in self.roots if r.files}, key=lambda m: -sum(r.bytes for r in self.roots if r.mount == m))
-
-
-def usage_of(st: os.statvfs_result) -> FsUsage:
-    used = (st.f_blocks - st.f_bfree) * st.f_frsize
-    return FsUsage(
-        size_bytes=st.f_blocks * st.f_frsize,
-        used_bytes=used,
-        avail_bytes=st.f_bavail * st.f_frsize,
-        inodes_total=st.f_files,
-        inodes_used=st.f_files - st.f_ffree,
-        inodes_free=st.f_favail,
-    )
 
 
 def bytes_above(usage: FsUsage, ratio: float) -> int:
@@ -276,7 +265,7 @@ class CleanupRunner:
         plans = []
         planned_files = planned_bytes = 0
         for o, mount, below in opened:
-            usage = usage_of(os.fstatvfs(o.fd))
+            usage = usage_from_statvfs(os.fstatvfs(o.fd))
             need = None
             if watermark:
                 threshold = policy.high if trigger == "manual" else policy.low
@@ -326,7 +315,7 @@ class CleanupRunner:
             if isinstance(plan, _AgePlan):
                 for reason, n in plan.problems.items():  # seen in either pass: count once
                     run.skipped[reason] = max(run.skipped.get(reason, 0), n)
-            after = usage_of(os.fstatvfs(o.fd)).used_ratio if not dry_run else None
+            after = usage_from_statvfs(os.fstatvfs(o.fd)).used_ratio if not dry_run else None
             roots.append(RootReport(o.path, mount, run.files - before_files, run.bytes - before_bytes,
                                     usage.used_ratio, after, notes.pop(o.path, "")))
         for root, note in notes.items():
@@ -741,7 +730,7 @@ class CleanupRunner:
             return True
         if dry_run:
             return False
-        return usage_of(os.fstatvfs(o.fd)).used_ratio <= low
+        return usage_from_statvfs(os.fstatvfs(o.fd)).used_ratio <= low
 
     def _audit(self, policy: str, mount: str, item: Item) -> None:
         if self.audit is not None:

@@ -15,8 +15,9 @@ import time
 from typing import Callable, Sequence
 
 from trainguard.actions.audit import AuditLog
-from trainguard.actions.cleanup import CleanupReport, CleanupRunner, Policy, findings_for, usage_of
+from trainguard.actions.cleanup import CleanupReport, CleanupRunner, Policy, findings_for
 from trainguard.records import Finding, FsSample, Snapshot
+from trainguard.samplers.fs import usage_from_statvfs
 from trainguard.samplers.mounts import containing_mount
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ class Scheduler:
             usage = sample.usage
         else:
             try:  # not watched (or only "/" matched): ask the filesystem itself, on this thread
-                usage = usage_of(self.statvfs(root))
+                usage = usage_from_statvfs(self.statvfs(root))
             except OSError:
                 return False
         return usage.used_ratio >= high
