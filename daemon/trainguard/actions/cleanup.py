@@ -125,6 +125,9 @@ class _Run:
             log.warning("cleanup: more entries skipped for %s; see the run summary", reason)
         self._logged[reason] = shown + 1
 
+    def skip_error(self, path: str, exc: OSError) -> None:
+        self.skip(walker.classify_error(exc), path, exc.strerror or "")
+
     def add(self, item: Item) -> None:
         self.files += item.files
         self.bytes += item.bytes
@@ -354,7 +357,7 @@ class CleanupRunner:
                 try:
                     unit = walker.measure_unit(entry.dir_fd, entry.name, o.dev, self.hook)
                 except OSError as exc:
-                    run.skip(walker.classify_error(exc), entry.path, exc.strerror or "")
+                    run.skip_error(entry.path, exc)
                     continue
                 busy = (now - unit.newest_change < policy.grace or unit.problems > 0
                         or self.open_files.any_open(unit.inodes))
@@ -377,7 +380,7 @@ class CleanupRunner:
             try:
                 pfd = walker.open_beneath(o.fd, parent, o.dev)
             except OSError as exc:
-                run.skip(walker.classify_error(exc), path, exc.strerror or "")
+                run.skip_error(path, exc)
                 continue
             try:
                 st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
@@ -416,7 +419,7 @@ class CleanupRunner:
                 run.add(item)
                 freed += nbytes
             except OSError as exc:
-                run.skip(walker.classify_error(exc), path, exc.strerror or "")
+                run.skip_error(path, exc)
             finally:
                 os.close(pfd)
 
@@ -461,7 +464,7 @@ class CleanupRunner:
                 try:
                     unit = walker.measure_unit(dir_fd, name, st.st_dev, self.hook)
                 except OSError as exc:
-                    run.skip(walker.classify_error(exc), path, exc.strerror or "")
+                    run.skip_error(path, exc)
                     return None
                 if unit.newest_change > changed_after:
                     run.skip("grace", path)
@@ -607,7 +610,7 @@ class CleanupRunner:
                 try:
                     fd, dst = chain.open(rec.path)
                 except OSError as exc:
-                    run.skip(walker.classify_error(exc), prefix + rec.path, exc.strerror or "")
+                    run.skip_error(prefix + rec.path, exc)
                     continue
                 if dst.st_ino != rec.ino:
                     run.skip("replaced", prefix + rec.path, "not the directory that was judged")
@@ -651,7 +654,7 @@ class CleanupRunner:
                     try:
                         st = dirent.stat(follow_symlinks=False)
                     except OSError as exc:
-                        run.skip(walker.classify_error(exc), path, exc.strerror or "")
+                        run.skip_error(path, exc)
                         continue
                     if st.st_dev != dev:
                         run.skip("other-filesystem", path, "on another filesystem")
@@ -687,7 +690,7 @@ class CleanupRunner:
                             else:
                                 os.unlink(name, dir_fd=fd)
                         except OSError as exc:
-                            run.skip(walker.classify_error(exc), path, exc.strerror or "")
+                            run.skip_error(path, exc)
                             continue
                     run.deleted(policy.name, mount, path, nbytes, files, cap_reason if by_cap else reason, age,
                                 is_unit, None if dry_run else self.audit)
@@ -695,7 +698,7 @@ class CleanupRunner:
                     if by_cap:
                         state.cap_left -= nbytes
         except OSError as exc:  # reading the directory failed
-            run.skip(walker.classify_error(exc), prefix + rec.path, exc.strerror or "")
+            run.skip_error(prefix + rec.path, exc)
             return False
         if marks is not None and (pos, order) != (rec.count, rec.order):
             # Listed differently than in pass 1 (a change within one timestamp tick):
@@ -715,7 +718,7 @@ class CleanupRunner:
             os.rmdir(relpath.rpartition("/")[2], dir_fd=chain.parent_fd)  # the kernel refuses a non-empty directory
         except OSError as exc:
             if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT, errno.EBUSY):
-                run.skip(walker.classify_error(exc), path, exc.strerror or "")
+                run.skip_error(path, exc)
             return
         chain.forget_last()
         item = Item(path + "/", 0, 0, "empty directory", now - dst.st_mtime)
