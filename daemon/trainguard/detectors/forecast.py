@@ -229,7 +229,7 @@ def detect(inp) -> list[Finding]:
             details={"mountpoint": mp, "eta_seconds": round(trend.eta), "fill_bytes_per_second": round(trend.slope, 1),
                      "avail_bytes": usage.avail_bytes, "used_ratio": round(usage.used_ratio, 4),
                      "fitted_span_seconds": round(trend.span)},
-            labels={"mountpoint": mp, "fstype": sample.mount.fstype, "device": sample.mount.source},
+            labels=filesystem.labels_for(sample),
             value=trend.eta, threshold=threshold, hint=HINT,
         ))
     return findings
