@@ -85,6 +85,7 @@ class Lifecycle:
                 if column not in have:
                     conn.execute(f"ALTER TABLE alerts ADD COLUMN {column} {kind}")
             self.states = {s.key: s for s in load_states(conn)}
+        self._stored = self.states  # what the database holds: update() writes only when this differs
         self._last_now = max((t for st in self.states.values() for name in _TIMES
                               if (t := getattr(st, name)) is not None), default=None)
 
@@ -148,7 +149,9 @@ class Lifecycle:
             else:
                 new_states[key] = replace(old, missing_since=missing_since)
         self.states = new_states
-        self._save()
+        if new_states != self._stored:  # the usual cycle (nothing active, nothing changed) writes nothing
+            self._save()
+            self._stored = new_states
         return events
 
     def _shift(self, delta: float) -> None:
