@@ -196,3 +196,13 @@ def test_a_daemon_restarted_often_still_compacts(tmp_path):
         d.close()
     oldest_raw = sqlite3.connect(tmp_path / "state" / DB_NAME).execute("SELECT MIN(ts) FROM samples").fetchone()[0]
     assert oldest_raw >= clock.time() - 2 * 3600, "raw rows older than raw_retention were rolled up"
+
+
+def test_memory_window_covers_the_longest_gpu_detector_window():
+    from trainguard import config as configmod
+
+    cfg = configmod.parse({"forecast": {"window": "1h", "min_span": "10m", "warning": "1h", "critical": "10m"},
+                           "gpu": {"for": "20m", "throttle_for": "90m",
+                                   "overrides": [{"match": "1", "for": "30m"}]}}, "test")
+    history = History.from_config(None, cfg, now=0.0)
+    assert history.window == 6 * 30 * 60  # a firing stall on GPU 1 looks back 6 x its 30 min `for`

@@ -123,7 +123,10 @@ class History:
     @classmethod
     def from_config(cls, conn: sqlite3.Connection | None, config, now: float) -> "History":
         """Memory window sized for the longest detector window in the config."""
-        window = max(config.forecast.window, config.io.for_)
+        gpu = config.gpu
+        stall_for = max([gpu.for_] + [o.for_ for o in gpu.overrides if o.for_ is not None])
+        # A firing stall looks back 6 x `for` to tell since when the GPU has been idle.
+        window = max(config.forecast.window, config.io.for_, 6 * stall_for, gpu.throttle_for, gpu.xid_hold)
         return cls(
             conn,
             window=window,
