@@ -152,26 +152,32 @@ def walk(
             if hook is not None:
                 hook("open_dir", path)
             try:
-                child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                child, _cst, child_it = open_subdir(fd, name, st, dev)
             except OSError as exc:
-                problem(path, exc)
-                continue
-            try:
-                cst = os.fstat(child)
-                if cst.st_dev != dev:
-                    raise OSError(errno.EXDEV, "directory is on another filesystem")
-                if cst.st_ino != st.st_ino:
-                    # Replaced between listing and opening: the entry we judged is gone.
-                    raise OSError(errno.ENOENT, "directory was replaced during the scan")
-                child_it = os.scandir(child)
-            except OSError as exc:
-                os.close(child)
                 problem(path, exc)
                 continue
             stack.append((child, child_it, path + "/", entry))
     finally:
         for fd, it, _prefix, _here in reversed(stack):
             _close(fd, it)
+
+
+def open_subdir(parent_fd: int, name: str, listed: os.stat_result,
+                dev: int) -> tuple[int, os.stat_result, Iterator[os.DirEntry[str]]]:
+    """Open a listed subdirectory relative to its parent's fd, never through a symlink, and only if it
+    is still the directory that was listed and on the root's filesystem. Raises OSError otherwise."""
+    child = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    try:
+        cst = os.fstat(child)
+        if cst.st_dev != dev:
+            raise OSError(errno.EXDEV, "directory is on another filesystem")
+        if cst.st_ino != listed.st_ino:
+            # Replaced between listing and opening: the entry we judged is gone.
+            raise OSError(errno.ENOENT, "directory was replaced during the scan")
+        return child, cst, os.scandir(child)
+    except OSError:
+        os.close(child)
+        raise
 
 
 def _close(fd: int, it: Iterator[os.DirEntry[str]]) -> None:
@@ -245,20 +251,11 @@ def scan(root_fd: int, *, dev: int, on_problem: Callable[[WalkProblem], None], h
             if hook is not None:
                 hook("open_dir", path)
             try:
-                child = os.open(name, _DIR_FLAGS, dir_fd=here.fd)
+                child, cst, child_it = open_subdir(here.fd, name, st, dev)
             except OSError as exc:
                 on_problem(WalkProblem(path, classify_error(exc), exc.strerror or str(exc)))
                 continue
-            try:
-                cst = os.fstat(child)
-                if cst.st_dev != dev:
-                    raise OSError(errno.EXDEV, "directory is on another filesystem")
-                if cst.st_ino != st.st_ino:
-                    raise OSError(errno.ENOENT, "directory was replaced during the scan")
-                stack.append(Listing(child, path, cst, os.scandir(child)))
-            except OSError as exc:
-                os.close(child)
-                on_problem(WalkProblem(path, classify_error(exc), exc.strerror or str(exc)))
+            stack.append(Listing(child, path, cst, child_it))
     finally:
         for here in reversed(stack):
             _close(here.fd, here.entries)
