@@ -58,6 +58,9 @@ class StateDb:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across a process kill
         conn.execute("PRAGMA busy_timeout=10000")
+        # SQLite's default page cache is up to 2 MiB per connection; the daemon keeps several open for
+        # weeks while history grows to tens of MiB. The pages it touches (the newest rows) fit in less.
+        conn.execute("PRAGMA cache_size=-256")
         return conn
 
     def _check_or_move_aside(self) -> None:
