@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.fake_daemon import Recorder
 from trainguard import config
 from trainguard.actions import policies as sel
 from trainguard.actions.audit import AuditLog
@@ -519,17 +520,6 @@ def test_scheduler_triggers_watermark_from_snapshot(tmp_path):
 
 
 # ------------------------------------------------------------------ daemon, CLI, status
-
-
-class Recorder:
-    def __init__(self):
-        self.events = []
-
-    def notify(self, events):
-        self.events.extend(events)
-
-    def close(self):
-        pass
 
 
 def test_daemon_runs_cleanup_off_the_cycle_and_alerts_what_it_freed(tmp_path):

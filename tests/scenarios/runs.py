@@ -17,7 +17,7 @@ from pathlib import Path
 from tests.scenarios import webhook
 from tests.scenarios.harness import (TB_TRAINER, Processes, Trainguard, pending_messages, recorded_points,
                                      wait_until)
-from tests.scenarios.workload import DiskFillWorkload, disk_fill_config, read_manifest
+from tests.scenarios.workload import DiskFillWorkload, disk_fill_config, read_manifest, webhook_config
 from tests.support.http_receiver import HttpReceiver
 from tests.support.slowfs import SlowFs
 
@@ -156,18 +156,9 @@ keep_firing_for = "{B_KEEP_FIRING_S:g}s"
 for = "{B_STALL_FOR_S:g}s"
 py_spy = false
 
-[notify]
-group_interval = "0s"
-retry_initial = "1s"
-retry_max = "2s"
-
-[[notify.targets]]
-name = "webhook"
-url = "{webhook_url.replace("http://", "json://", 1)}/hook"
-
 [metrics]
 listen = ""
-"""
+""" + webhook_config(webhook_url)
 
 
 @dataclass

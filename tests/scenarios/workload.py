@@ -53,6 +53,20 @@ A_INTERVAL_S = 1.0
 A_KEEP_FIRING_S = 5.0  # a cleanup moves the trend for a few seconds; the warning must not flap with it
 
 
+def webhook_config(webhook_url: str) -> str:
+    """A JSON webhook target on the test's receiver, sending at once and retrying fast."""
+    return f"""
+[notify]
+group_interval = "0s"
+retry_initial = "1s"
+retry_max = "2s"
+
+[[notify.targets]]
+name = "webhook"
+url = "{webhook_url.replace("http://", "json://", 1)}/hook"
+"""
+
+
 def disk_fill_config(mountpoint: Path, webhook_url: str | None, *, cleanup: bool = True,
                      min_span: float = 5.0, keep_firing_for: float = A_KEEP_FIRING_S) -> str:
     """trainguard config for scenario A: watch only the test disk, forecast on a 60 s window,
@@ -84,16 +98,7 @@ enabled = false
 listen = ""
 """
     if webhook_url is not None:
-        text += f"""
-[notify]
-group_interval = "0s"
-retry_initial = "1s"
-retry_max = "2s"
-
-[[notify.targets]]
-name = "webhook"
-url = "{webhook_url.replace("http://", "json://", 1)}/hook"
-"""
+        text += webhook_config(webhook_url)
     if cleanup:
         text += f"""
 [[cleanup]]
