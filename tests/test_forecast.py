@@ -3,6 +3,7 @@ no alarm for disks that never fill."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
@@ -227,3 +228,24 @@ def test_disabled_or_unresponsive_means_no_forecast():
         h.record(T0 + ts, {"fs.avail_bytes:/data": value})
     snap = snapshot(FsSample(mount("/data"), T0 + now, None, responsive=False, unresponsive_since=T0))
     assert forecast.detect(DetectorInput(configmod.parse({}, "test"), h, snap, T0 + now, {})) == []
+
+
+def test_the_metrics_reuse_the_detectors_fit():
+    from trainguard.service import fill_etas
+
+    process = traces.steady()
+    now = process.moment_with_time_to_full(5 * H)
+    config = configmod.parse({}, "test")
+    h = History(None, window=config.forecast.window)
+    for ts, value in process.sample(now - WINDOW, now):
+        h.record(T0 + ts, {"fs.avail_bytes:/data": value})
+    usage = FsUsage(size_bytes=int(process.size), used_bytes=0, avail_bytes=int(value), inodes_total=0,
+                    inodes_used=0, inodes_free=0)
+    inp = DetectorInput(config, h, snapshot(FsSample(mount("/data"), T0 + now, usage), ts=T0 + now), T0 + now)
+    (finding,) = forecast.detect(inp)
+    fitted = inp.trends["/data"]
+    assert finding.details["eta_seconds"] == round(fitted.eta)
+    assert fill_etas(inp) == {"/data": fitted.eta}
+    # What the metrics read is the memo itself, not a second fit of the same points.
+    inp.trends["/data"] = dataclasses.replace(fitted, eta=123.0)
+    assert fill_etas(inp) == {"/data": 123.0}

@@ -12,7 +12,7 @@ import os
 import signal
 import threading
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from trainguard import config as configmod
 from trainguard.actions.audit import freed_totals
@@ -20,7 +20,6 @@ from trainguard.alerts import Lifecycle
 from trainguard.clock import Clock, SystemClock
 from trainguard.detectors import DetectorInput, evaluate
 from trainguard.detectors.gpu import gpu_series
-from trainguard.detectors.forecast import mount_trend
 from trainguard.diagnosis import StallDiagnoser
 from trainguard.exporter import MetricsServer, Readings
 from trainguard.health import Heartbeat
@@ -63,13 +62,13 @@ def series_of(snapshot: Snapshot) -> dict[str, float | None]:
     return values
 
 
-def fill_etas(snapshot: Snapshot, history: History, cfg: configmod.Config, now: float) -> dict[str, float]:
-    """Seconds to full per filling mount, fitted exactly as the forecast detector and `status` do."""
+def fill_etas(inp: DetectorInput) -> dict[str, float]:
+    """Seconds to full per filling mount: the forecast detector's own fits, not fitted again."""
     etas: dict[str, float] = {}
-    if not cfg.forecast.enabled:
+    if not inp.config.forecast.enabled:
         return etas
-    for s in snapshot.filesystems:
-        trend = mount_trend(s, history, cfg.forecast, now)
+    for s in inp.snapshot.filesystems:
+        trend = inp.trend(s)
         if trend is not None and trend.eta is not None:
             etas[s.mount.mount_point] = trend.eta
     return etas
@@ -94,6 +93,7 @@ class CycleResult:
     findings: tuple[Finding, ...]
     events: tuple[AlertEvent, ...]
     duration_s: float
+    fill_eta: Mapping[str, float] = field(default_factory=dict)  # mount point -> seconds to full
 
 
 def gpu_sampler(cfg: configmod.Config, clock: Clock, nvml=None) -> GpuSampler | None:
@@ -192,7 +192,8 @@ class Daemon:
         if self.cleanup is not None:
             self.cleanup.submit(snapshot)  # never blocks: the worker thread decides and scans
         self.history.record(now, series_of(snapshot))
-        findings = evaluate(DetectorInput(self.config, self.history, snapshot, now, self.lifecycle.active))
+        inp = DetectorInput(self.config, self.history, snapshot, now, self.lifecycle.active)
+        findings = evaluate(inp)
         self.diagnoser.observe(snapshot)
         findings = self.diagnoser.enrich(findings, snapshot, now)
         events = self._with_cleanup(self.lifecycle.update(findings, now), now)
@@ -205,7 +206,7 @@ class Daemon:
             self.history.compact(now)
             self._last_compact = self.clock.monotonic()
         duration = self.clock.monotonic() - started
-        self.latest = CycleResult(snapshot, tuple(findings), tuple(events), duration)
+        self.latest = CycleResult(snapshot, tuple(findings), tuple(events), duration, fill_etas(inp))
         self.readings = self._readings(self.latest, now)
         self.heartbeat.beat(self.readings.ts, self.status_line())
         return self.latest
@@ -249,7 +250,7 @@ class Daemon:
             firing[state.severity.value] = firing.get(state.severity.value, 0) + 1
         return Readings(
             snapshot=result.snapshot, ts=self.clock.time(), cycle_duration_s=result.duration_s,
-            fill_eta=fill_etas(result.snapshot, self.history, self.config, now), firing=firing,
+            fill_eta=result.fill_eta, firing=firing,
             findings=result.findings, cleanup_freed=self._cleanup_freed(),
             notify_failures=self._notify_failures(),
         )

@@ -13,7 +13,6 @@ from trainguard import alerts, config as configmod, state
 from trainguard.actions.audit import read_freed
 from trainguard.clock import Clock, SystemClock
 from trainguard.detectors import DetectorInput, evaluate
-from trainguard.detectors.forecast import mount_trend
 from trainguard.history import History
 from trainguard.diagnosis import StallDiagnoser
 from trainguard.records import Finding, FsSample, GpuSample, Severity, Snapshot
@@ -44,11 +43,10 @@ def _mount_state(sample: FsSample, findings: Sequence[Finding]) -> str:
     return _severity_state([f for f in findings if f.labels.get("mountpoint") == sample.mount.mount_point])
 
 
-def filesystem_doc(sample: FsSample, snapshot: Snapshot, history: History, cfg: configmod.Config,
-                   findings: Sequence[Finding], now: float) -> dict[str, Any]:
+def filesystem_doc(sample: FsSample, inp: DetectorInput, findings: Sequence[Finding]) -> dict[str, Any]:
     m, u = sample.mount, sample.usage
-    disk = snapshot.disk_for(m)
-    trend = mount_trend(sample, history, cfg.forecast, now)
+    disk = inp.snapshot.disk_for(m)
+    trend = inp.trend(sample)
     return {
         "mountpoint": m.mount_point, "fstype": m.fstype, "device": m.source, "kind": m.kind.value,
         "size_bytes": u.size_bytes if u else None, "used_bytes": u.used_bytes if u else None,
@@ -65,7 +63,7 @@ def filesystem_doc(sample: FsSample, snapshot: Snapshot, history: History, cfg: 
         "eta_seconds": round(trend.eta) if trend and trend.eta is not None else None,
         "state": _mount_state(sample, findings),
         "responsive": sample.responsive,
-        "unresponsive_seconds": (round(max(now, sample.ts) - sample.unresponsive_since, 1)
+        "unresponsive_seconds": (round(max(inp.now, sample.ts) - sample.unresponsive_since, 1)
                                  if sample.unresponsive_since else None),
         "error": sample.error,
     }
@@ -121,7 +119,8 @@ def build(cfg: configmod.Config, *, state_dir: str | None = None, clock: Clock |
     snapshot = samplers.sample(now)
     history.record(now, series_of(snapshot))
     active = {s.key: s.severity for s in alert_states}
-    findings = evaluate(DetectorInput(cfg, history, snapshot, now, active))
+    inp = DetectorInput(cfg, history, snapshot, now, active)
+    findings = evaluate(inp)
     findings = StallDiagnoser(cfg.general.proc_root, py_spy=cfg.gpu.py_spy, clock=clock.time).enrich(
         findings, snapshot, now)
     samplers.close()
@@ -130,7 +129,7 @@ def build(cfg: configmod.Config, *, state_dir: str | None = None, clock: Clock |
         "host": cfg.general.host,
         "generated_at": format_iso_utc(now),
         "daemon_state": conn is not None,
-        "filesystems": [filesystem_doc(s, snapshot, history, cfg, findings, now) for s in snapshot.filesystems],
+        "filesystems": [filesystem_doc(s, inp, findings) for s in snapshot.filesystems],
         "missing_paths": list(snapshot.missing_paths),
         "gpu_status": gpu_status_doc(snapshot),
         "gpus": [gpu_doc(g, findings) for g in snapshot.gpus],

@@ -12,7 +12,7 @@ from typing import Callable, Mapping
 
 from trainguard.config import Config
 from trainguard.history import History
-from trainguard.records import Finding, Severity, Snapshot
+from trainguard.records import Finding, FsSample, Severity, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +24,18 @@ class DetectorInput:
     snapshot: Snapshot
     now: float
     active: Mapping[str, Severity] = field(default_factory=dict)
+    # Fill trends fitted so far for this input (mount point -> Trend or None): the fit is the
+    # costliest step of a cycle, and the detector, the metrics and `status` all need it.
+    trends: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def trend(self, sample: FsSample):
+        """The mount's fill trend (detectors.forecast.Trend or None), fitted once per input."""
+        from trainguard.detectors.forecast import mount_trend  # forecast imports this package
+
+        mp = sample.mount.mount_point
+        if mp not in self.trends:
+            self.trends[mp] = mount_trend(sample, self.history, self.config.forecast, self.now)
+        return self.trends[mp]
 
 
 Detector = Callable[[DetectorInput], list[Finding]]

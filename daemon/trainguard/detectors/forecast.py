@@ -205,7 +205,7 @@ def detect(inp) -> list[Finding]:
         mp = sample.mount.mount_point
         if filesystem.ignored(inp.config.filesystems, mp):
             continue
-        trend = mount_trend(sample, inp.history, cfg, inp.now)
+        trend = inp.trend(sample)
         if trend is None or trend.eta is None:
             continue
         key = f"fs.forecast:{mp}"
