@@ -1,0 +1,46 @@
+"""Configuration, one module per section family; this package imports nothing from the pipeline.
+
+`trainguard.config.load()` gives the effective config; the section models are re-exported here so
+callers write `from trainguard.config import Gpu`.
+"""
+
+from trainguard.config.base import Strict
+from trainguard.config.cleanup import (
+    AGE_EXCLUDES,
+    CHECKPOINT_DIR_PATTERNS,
+    CHECKPOINT_PATTERNS,
+    DEFAULT_CLEANUP,
+    AgePolicy,
+    CachePolicy,
+    CheckpointsPolicy,
+    CleanupPolicy,
+    MaxDelete,
+)
+from trainguard.config.general import Alerts, General, History, Metrics, parse_listen
+from trainguard.config.gpu import Gpu, GpuOverride, GpuRule, ThrottleReason
+from trainguard.config.loader import (
+    DEFAULT_CONFIG_PATH,
+    ENV_CONFIG,
+    ENV_PREFIX,
+    SECRET_KEYS,
+    Config,
+    ConfigError,
+    Loaded,
+    dump,
+    env_overrides,
+    load,
+    parse,
+    read_toml,
+)
+from trainguard.config.notify import Notify, NotifyTarget
+from trainguard.config.storage import DEFAULT_LOG_PATTERNS, Filesystems, Forecast, Io, LogWatch, MountOverride, Thresholds
+from trainguard.redact import redact_url
+
+__all__ = [
+    "AGE_EXCLUDES", "CHECKPOINT_DIR_PATTERNS", "CHECKPOINT_PATTERNS", "DEFAULT_CLEANUP", "DEFAULT_CONFIG_PATH",
+    "DEFAULT_LOG_PATTERNS", "ENV_CONFIG", "ENV_PREFIX", "SECRET_KEYS", "AgePolicy", "Alerts", "CachePolicy",
+    "CheckpointsPolicy", "CleanupPolicy", "Config", "ConfigError", "Filesystems", "Forecast", "General", "Gpu",
+    "GpuOverride", "GpuRule", "History", "Io", "Loaded", "LogWatch", "MaxDelete", "Metrics", "MountOverride",
+    "Notify", "NotifyTarget", "Strict", "ThrottleReason", "Thresholds", "dump", "env_overrides", "load", "parse",
+    "parse_listen", "read_toml", "redact_url",
+]

@@ -1,0 +1,68 @@
+"""[general], [alerts], [history] and [metrics]: how the daemon itself runs."""
+
+from __future__ import annotations
+
+import socket
+from typing import Literal
+
+from pydantic import field_validator
+
+from trainguard.config.base import Strict
+from trainguard.units import Duration
+
+
+class General(Strict):
+    hostname: str = ""  # empty: the machine's host name
+    state_dir: str = "/var/lib/trainguard"
+    interval: Duration = 10.0
+    proc_root: str = "/proc"  # a sidecar points these at /host/proc, /host/sys
+    sys_root: str = "/sys"
+    # Where the host's / is visible (a sidecar bind-mounts it at /host/root): statfs of a host
+    # mount point goes through this prefix. Mount points in reports stay host paths.
+    host_root: str = "/"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @property
+    def host(self) -> str:
+        return self.hostname or socket.gethostname()
+
+
+class Alerts(Strict):
+    repeat_interval: Duration = 4 * 3600.0
+    # A firing alert resolves only after its condition has been gone this long:
+    # a value flapping around a threshold does not produce a message storm.
+    keep_firing_for: Duration = 60.0
+
+
+class History(Strict):
+    raw_retention: Duration = 24 * 3600.0  # full-resolution samples
+    retention: Duration = 14 * 86400.0  # 5-minute averages beyond that
+    rollup: Duration = 300.0
+
+
+class Metrics(Strict):
+    """Prometheus /metrics endpoint. listen = "" turns it off."""
+
+    listen: str = "127.0.0.1:9842"  # "host:port", "[::1]:port" or ":port" (all addresses)
+
+    @field_validator("listen")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        value = value.strip()
+        if value:
+            parse_listen(value)
+        return value
+
+    @property
+    def address(self) -> tuple[str, int] | None:
+        """(host, port) to bind, or None when the endpoint is off."""
+        return parse_listen(self.listen) if self.listen else None
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """"127.0.0.1:9842" -> ("127.0.0.1", 9842); "[::1]:9842" -> ("::1", 9842); ":9842" -> ("0.0.0.0", 9842)."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:  # port 0: any free port (tests)
+        raise ValueError(f"expected host:port with a port 0-65535, e.g. 127.0.0.1:9842 (got {value!r})")
+    host = host.strip("[]") or "0.0.0.0"
+    return host, int(port)

@@ -1,0 +1,54 @@
+"""[notify]: where alerts go and how delivery retries."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from trainguard.config.base import Strict
+from trainguard.units import Duration
+
+
+class NotifyTarget(Strict):
+    """One apprise URL. The URL carries tokens and passwords: it is only ever shown redacted."""
+
+    name: str
+    url: str
+    # The least severe alert this target receives ("critical": e-mail only for the worst).
+    severity: Literal["info", "warning", "critical"] = "info"
+    # Routing: when set, only alerts with one of these tags reach the target. An alert's tags are
+    # its detector ("fs.usage", "fs"), and its labels as "name=value" ("mountpoint=/data").
+    tags: list[str] = []
+    # Messages per minute; 0: the service's own limit (DingTalk robots: 20/min), else unlimited.
+    rate_limit: int = Field(0, ge=0)
+    timeout: Duration = 10.0  # one delivery attempt (connect and read) gives up after this
+
+    @model_validator(mode="after")
+    def _has_scheme(self) -> "NotifyTarget":
+        if "://" not in self.url:
+            raise ValueError(f"target {self.name!r}: url must be an apprise URL like dingtalk://... or "
+                             f"mailtos://... (value hidden)")
+        return self
+
+
+class Notify(Strict):
+    targets: list[NotifyTarget] = []
+    # Wait this long after a new alert before sending, to batch others of the same cycle (0: send at once).
+    group_wait: Duration = 0.0
+    # After a message to a target, further alerts wait this long and go out together.
+    group_interval: Duration = 10.0
+    retry_initial: Duration = 10.0  # first retry after a failed delivery; doubles each time (with jitter) ...
+    retry_max: Duration = 600.0  # ... up to this
+    max_age: Duration = 24 * 3600.0  # an undelivered message older than this is given up (logged as an error)
+    max_pending: int = Field(10_000, ge=1)  # outbox bound: beyond it the oldest low-severity messages are dropped
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> "Notify":
+        names = [t.name for t in self.targets]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"target names must be unique: {', '.join(map(repr, duplicates))} repeated")
+        if self.retry_initial > self.retry_max:
+            raise ValueError("retry_initial is above retry_max")
+        return self

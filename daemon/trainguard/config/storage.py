@@ -1,0 +1,138 @@
+"""[filesystems], [forecast], [io] and [[logs]]: what is watched on the storage side."""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import Literal
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from trainguard.config.base import Strict
+from trainguard.units import Duration, Ratio, format_duration
+
+
+class Thresholds(Strict):
+    warning: Ratio = 0.85
+    critical: Ratio = 0.90
+    inodes_warning: Ratio = 0.85
+    inodes_critical: Ratio = 0.90
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "Thresholds":
+        if self.warning > self.critical:
+            raise ValueError(f"warning ({self.warning:.0%}) is above critical ({self.critical:.0%})")
+        if self.inodes_warning > self.inodes_critical:
+            raise ValueError(
+                f"inodes_warning ({self.inodes_warning:.0%}) is above inodes_critical ({self.inodes_critical:.0%})"
+            )
+        return self
+
+
+class MountOverride(Strict):
+    """Per-mount thresholds, matched by mount point or glob ("/root/autodl-*")."""
+
+    match: str
+    warning: Ratio | None = None
+    critical: Ratio | None = None
+    inodes_warning: Ratio | None = None
+    inodes_critical: Ratio | None = None
+    ignore: bool = False
+
+
+class Filesystems(Thresholds):
+    paths: list[str] = []  # always watched; each path is resolved to its mount
+    exclude: list[str] = []  # mount point globs never watched
+    include_fstypes: list[str] = []  # extra fstypes to watch besides the built-in list
+    probe_timeout: Duration = 5.0
+    hysteresis: Ratio = 0.03  # a usage alert clears this far below its threshold
+    for_: Duration = Field(0.0, alias="for")
+    overrides: list[MountOverride] = []
+
+    @field_validator("overrides")
+    @classmethod
+    def _overrides_ordered(cls, overrides: list[MountOverride], info: ValidationInfo) -> list[MountOverride]:
+        # Each override is merged over the global levels: refuse one that inverts them here, with its
+        # match, instead of leaving a mount the detector cannot evaluate.
+        levels = {k: info.data[k] for k in ("warning", "critical", "inodes_warning", "inodes_critical")
+                  if k in info.data}
+        if len(levels) < 4:
+            return overrides  # a global level is itself invalid and already reported
+        problems = []
+        for i, override in enumerate(overrides):
+            merged = {**levels, **{k: v for k in levels if (v := getattr(override, k)) is not None}}
+            for low, high in (("warning", "critical"), ("inodes_warning", "inodes_critical")):
+                if merged[low] > merged[high]:
+                    problems.append(f"override {i} (match {override.match!r}): {low} ({merged[low]:.0%}) "
+                                    f"is above {high} ({merged[high]:.0%})")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return overrides
+
+    def thresholds_for(self, mount_point: str) -> Thresholds:
+        names = ("warning", "critical", "inodes_warning", "inodes_critical")
+        values = {k: getattr(self, k) for k in names}
+        for override in self.overrides:
+            if fnmatch.fnmatchcase(mount_point, override.match):
+                values.update({k: v for k in names if (v := getattr(override, k)) is not None})
+        # Already validated; two globs matching one mount may combine out of order, which must not raise.
+        return Thresholds.model_construct(**values)
+
+    def ignored(self, mount_point: str) -> bool:
+        if any(fnmatch.fnmatchcase(mount_point, g) for g in self.exclude):
+            return True
+        return any(o.ignore and fnmatch.fnmatchcase(mount_point, o.match) for o in self.overrides)
+
+
+class Forecast(Strict):
+    enabled: bool = True
+    window: Duration = 6 * 3600.0  # how much history the trend is fitted on
+    min_span: Duration = 30 * 60.0  # no forecast before this much data
+    warning: Duration = 6 * 3600.0  # warn when the filesystem fills within this
+    critical: Duration = 3600.0
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "Forecast":
+        if self.critical > self.warning:
+            raise ValueError(f"critical ({format_duration(self.critical)}) is longer than warning "
+                             f"({format_duration(self.warning)}); critical must be the shorter time to full")
+        if self.min_span > self.window:
+            raise ValueError(f"min_span ({format_duration(self.min_span)}) is longer than window "
+                             f"({format_duration(self.window)}); no forecast could ever be made")
+        return self
+
+
+class Io(Strict):
+    util_threshold: Ratio = 0.90
+    for_: Duration = Field(300.0, alias="for")
+
+
+DEFAULT_LOG_PATTERNS = (
+    "No space left on device",
+    "FileNotFoundError.*tfevents",
+    "CUDA out of memory",
+    "NCCL.*[Tt]imeout",
+    "Traceback",
+)
+
+
+class LogWatch(Strict):
+    """[[logs]]: training log files (globs) and the patterns that become findings."""
+
+    paths: list[str]
+    patterns: list[str] = list(DEFAULT_LOG_PATTERNS)
+    observer: Literal["auto", "inotify", "polling"] = "auto"  # auto: polling on network/FUSE mounts
+    hold: Duration = 1800.0  # a match stays an active finding this long
+    severity: Literal["warning", "critical"] = "warning"
+
+    @model_validator(mode="after")
+    def _patterns_compile(self) -> "LogWatch":
+        import re
+
+        if not self.paths:
+            raise ValueError("paths is empty: give at least one log file or glob")
+        for pattern in self.patterns:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"pattern {pattern!r} is not a valid regular expression: {exc}") from None
+        return self
