@@ -21,9 +21,21 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "daemon"))
 sys.path.insert(0, os.path.dirname(__file__))
 
 from _reference import start_node_exporter, stop  # noqa: E402
-from trainguard.exporter import MetricsServer, Readings  # noqa: E402
-from trainguard.records import (DiskIo, Finding, FsSample, FsUsage, GpuProcess, GpuSample, Mount,  # noqa: E402
-                                MountKind, NvmlState, NvmlStatus, Severity, Snapshot)
+from trainguard.records import (  # noqa: E402
+    DiskIo,
+    Finding,
+    FsSample,
+    FsUsage,
+    GpuProcess,
+    GpuSample,
+    Mount,
+    MountKind,
+    NvmlState,
+    NvmlStatus,
+    Severity,
+    Snapshot,
+)
+from trainguard.surfaces.exporter import MetricsServer, Readings  # noqa: E402
 
 
 def readings(mounts: int = 50, gpus: int = 8) -> Readings:

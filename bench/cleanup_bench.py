@@ -53,7 +53,7 @@ import json, os, resource, sys, time
 from trainguard import config
 from trainguard.actions.audit import AuditLog
 from trainguard.actions.cleanup import CleanupRunner
-from trainguard.state import StateDb
+from trainguard.store.state import StateDb
 root, dry, state_dir = sys.argv[1], sys.argv[2] == "dry", sys.argv[3]
 pol = config.parse({"cleanup": [{"name": "bench", "type": "age", "roots": [root], "older_than": "7d",
     "age_by": ["mtime"], "grace": "0s", "max_delete": 10**9, "remove_empty_dirs": False}]}, "bench").cleanup[0]

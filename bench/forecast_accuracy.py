@@ -26,8 +26,9 @@ REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "daemon"))
 
-from tests.support import traces  # noqa: E402
 from trainguard.detectors.forecast import fill_trend  # noqa: E402
+
+from tests.support import traces  # noqa: E402
 
 H = 3600.0
 GiB = 2**30

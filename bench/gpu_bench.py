@@ -20,10 +20,11 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "daemon"))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tests.gpu_support import GiB, FakeClock, Scenario, fake_pynvml, gpu_spec  # noqa: E402
-from trainguard.diagnosis import StallDiagnoser  # noqa: E402
+from trainguard.diagnosis.stall import StallDiagnoser  # noqa: E402
 from trainguard.records import Snapshot  # noqa: E402
-from trainguard.samplers.gpu import GpuSampler  # noqa: E402
+from trainguard.sources.gpu import GpuSampler  # noqa: E402
+
+from tests.gpu_support import FakeClock, GiB, Scenario, fake_pynvml, gpu_spec  # noqa: E402
 
 
 def best(fn, repeat=5, number=20):

@@ -25,11 +25,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "daemon"), str(REPO)]
 
-from tests.support.http_receiver import HttpReceiver  # noqa: E402
 from trainguard import config  # noqa: E402
 from trainguard.notify.worker import OutboxNotifier  # noqa: E402
 from trainguard.records import AlertEvent, AlertStatus, Finding, Severity  # noqa: E402
-from trainguard.state import StateDb  # noqa: E402
+from trainguard.store.state import StateDb  # noqa: E402
+
+from tests.support.http_receiver import HttpReceiver  # noqa: E402
 
 
 def event(i: int) -> AlertEvent:
@@ -127,7 +128,7 @@ def startup() -> None:
         target = Path(tmp, "target.toml")
         target.write_text(f'[general]\nstate_dir = "{tmp}/s2"\n[[notify.targets]]\nname = "x"\n'
                           f'url = "json://127.0.0.1:9/x"\n')
-        daemon = ("import sys\nfrom trainguard import config\nfrom trainguard.service import Daemon\n"
+        daemon = ("import sys\nfrom trainguard import config\nfrom trainguard.service.daemon import Daemon\n"
                   "d = Daemon(config.load({path!r}))\nd.cycle()\nloaded = 'apprise' in sys.modules\n"
                   "{extra}d.close()\nassert not loaded, 'apprise loaded at start-up'\n" + rss_code)
         ref_t, ref_rss = measure(rss_code, env)

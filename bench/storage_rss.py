@@ -44,7 +44,7 @@ def main() -> int:
                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
             "bare python -c": subprocess.Popen([sys.executable, "-c", sleep], env=env),
             "python + daemon imports": subprocess.Popen(
-                [sys.executable, "-c", "import trainguard.service, trainguard.cli; " + sleep], env=env),
+                [sys.executable, "-c", "import trainguard.service.daemon, trainguard.cli; " + sleep], env=env),
         }
         try:
             time.sleep(args.warmup)

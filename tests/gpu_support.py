@@ -10,12 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainguard import config as configmod
-from trainguard.alerts import Lifecycle
+from trainguard.alerts.lifecycle import Lifecycle
 from trainguard.detectors import DetectorInput
-from trainguard.detectors.gpu import GPU_DETECTORS, gpu_series
-from trainguard.history import History
+from trainguard.detectors.gpu import GPU_DETECTORS
+from trainguard.detectors.series import gpu_series
 from trainguard.records import AlertEvent, AlertStatus, Finding, Snapshot
-from trainguard.samplers.gpu import GpuSampler
+from trainguard.sources.gpu import GpuSampler
+from trainguard.store.history import History
 
 FAKE_DIR = Path(__file__).resolve().parent / "fake_nvml"
 GiB = 1024**3

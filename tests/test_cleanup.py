@@ -12,8 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-
-from tests.support.fake_daemon import Recorder
 from trainguard import config
 from trainguard.actions import policies as sel
 from trainguard.actions.audit import AuditLog
@@ -21,7 +19,9 @@ from trainguard.actions.cleanup import CleanupRunner, findings_for
 from trainguard.actions.safety import UnsafeRoot, open_checked_root
 from trainguard.actions.worker import Scheduler
 from trainguard.records import FsSample, Mount, MountKind, Severity, Snapshot
-from trainguard.samplers.fs import usage_from_statvfs
+from trainguard.sources.fs import usage_from_statvfs
+
+from tests.support.fake_daemon import Recorder
 
 DAY = 86400.0
 NOW = time.time()
@@ -523,7 +523,7 @@ def test_scheduler_triggers_watermark_from_snapshot(tmp_path):
 
 
 def test_daemon_runs_cleanup_off_the_cycle_and_alerts_what_it_freed(tmp_path):
-    from trainguard.service import Daemon
+    from trainguard.service.daemon import Daemon
 
     root = tmp_path / "scratch"
     for i in range(3):

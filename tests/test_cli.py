@@ -8,9 +8,9 @@ import signal
 from pathlib import Path
 
 import pytest
+from trainguard import config as configmod
 
 from tests.support.cli import Daemon, cli_env, trainguard
-from trainguard import config as configmod
 
 # Watch only the filesystem holding the test's tmp dir, so the host's other mounts do not add findings.
 ONLY = 'exclude = ["*"]\n'

@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from trainguard import config
 from trainguard.config import ConfigError
 

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 from pydantic import BaseModel
-
 from trainguard import config
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "config.example.toml"

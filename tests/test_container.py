@@ -144,7 +144,7 @@ def test_entrypoint_with_image_and_compose_env_watches_host_mounts_through_host_
 
 
 def test_mountinfo_of_a_host_proc_is_the_host_init_not_self(tmp_path):
-    from trainguard.samplers.mounts import host_path, mountinfo_path, read_mounts
+    from trainguard.sources.mounts import host_path, mountinfo_path, read_mounts
 
     (tmp_path / "1").mkdir()
     (tmp_path / "1" / "mountinfo").write_text(HOST_MOUNTINFO)

@@ -12,11 +12,22 @@ import sys
 import pytest
 import yaml
 from prometheus_client import CollectorRegistry, generate_latest
+from trainguard.records import (
+    DiskIo,
+    Finding,
+    FsSample,
+    FsUsage,
+    GpuSample,
+    Mount,
+    MountKind,
+    NvmlState,
+    NvmlStatus,
+    Severity,
+    Snapshot,
+)
+from trainguard.surfaces.exporter import Readings, ReadingsCollector
 
 from tests.support.daemon_proc import REPO
-from trainguard.exporter import ReadingsCollector, Readings
-from trainguard.records import (DiskIo, Finding, FsSample, FsUsage, GpuSample, Mount, MountKind, NvmlState, NvmlStatus,
-                                Severity, Snapshot)
 
 UNIT = REPO / "systemd" / "trainguard.service"
 RULES = REPO / "deploy" / "prometheus" / "trainguard.rules.yml"

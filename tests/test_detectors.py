@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-
-from tests.support.snapshots import GiB, disk, fs_sample, mount, snapshot
 from trainguard import config as configmod
 from trainguard.detectors import DetectorInput, evaluate, filesystem, io
-from trainguard.history import History
 from trainguard.records import FsSample, MountKind, Severity
+from trainguard.store.history import History
+
+from tests.support.snapshots import GiB, disk, fs_sample, mount, snapshot
 
 NOW = 1_700_000_000.0
 

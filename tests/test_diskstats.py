@@ -5,9 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from trainguard.sources.diskstats import (
+    SECTOR,
+    Counters,
+    DiskstatsSampler,
+    parse_diskstats,
+    rates,
+)
 
 from tests.support.clock import FakeClock
-from trainguard.samplers.diskstats import SECTOR, Counters, DiskstatsSampler, parse_diskstats, rates
 
 DATA = Path(__file__).parent / "data"
 

@@ -11,12 +11,24 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from trainguard.records import (
+    DiskIo,
+    Finding,
+    FsSample,
+    FsUsage,
+    GpuProcess,
+    GpuSample,
+    Mount,
+    MountKind,
+    NvmlState,
+    NvmlStatus,
+    Severity,
+    Snapshot,
+)
+from trainguard.surfaces.exporter import Readings, ReadingsCollector
 
 from tests.support.daemon_proc import DaemonProcess, child_env, wait_until
 from tests.support.mounts import fill
-from trainguard.exporter import ReadingsCollector, Readings
-from trainguard.records import (DiskIo, Finding, FsSample, FsUsage, GpuProcess, GpuSample, Mount, MountKind, NvmlState,
-                                NvmlStatus, Severity, Snapshot)
 
 
 def mount(mp: str, fstype: str = "ext4", source: str = "/dev/sda1") -> Mount:
@@ -177,8 +189,8 @@ def test_scrape_while_a_mount_hangs_returns_promptly_with_responsive_0(tmp_path,
 def test_cleanup_freed_counter_follows_the_audit_totals(tmp_path):
     from trainguard import config as configmod
     from trainguard.actions.audit import AuditLog
-    from trainguard.service import Daemon
-    from trainguard.state import StateDb
+    from trainguard.service.daemon import Daemon
+    from trainguard.store.state import StateDb
 
     state_dir = tmp_path / "state"
     watched = tmp_path / "data"
@@ -205,7 +217,7 @@ def test_notify_failures_counter_counts_failed_delivery_attempts(tmp_path):
     import socket
 
     from trainguard import config as configmod
-    from trainguard.service import Daemon
+    from trainguard.service.daemon import Daemon
 
     with socket.socket() as s:  # a loopback port with nothing listening: connection refused
         s.bind(("127.0.0.1", 0))

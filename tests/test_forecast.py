@@ -8,14 +8,14 @@ import math
 import re
 
 import pytest
-
-from tests.support import traces
-from tests.support.snapshots import GiB, mount, snapshot
 from trainguard import config as configmod
 from trainguard.detectors import DetectorInput, forecast
 from trainguard.detectors.forecast import fill_trend
-from trainguard.history import History
 from trainguard.records import FsSample, FsUsage, Severity
+from trainguard.store.history import History
+
+from tests.support import traces
+from tests.support.snapshots import GiB, mount, snapshot
 
 H = 3600.0
 WINDOW = 6 * H
@@ -231,7 +231,7 @@ def test_disabled_or_unresponsive_means_no_forecast():
 
 
 def test_the_metrics_reuse_the_detectors_fit():
-    from trainguard.service import fill_etas
+    from trainguard.service.daemon import fill_etas
 
     process = traces.steady()
     now = process.moment_with_time_to_full(5 * H)

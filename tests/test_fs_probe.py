@@ -15,10 +15,9 @@ import time
 from collections import Counter
 
 import pytest
-
 from trainguard.clock import SystemClock
 from trainguard.records import Mount, MountKind
-from trainguard.samplers.fs import FsSampler, child_probe, usage_from_statvfs
+from trainguard.sources.fs import FsSampler, child_probe, usage_from_statvfs
 
 
 def statvfs_result(blocks=1000, bfree=400, bavail=300, files=100, ffree=40, favail=30, frsize=4096):

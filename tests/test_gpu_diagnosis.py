@@ -10,12 +10,12 @@ import textwrap
 import time
 
 import pytest
-
-from tests.gpu_support import GiB, FakeClock, fake_pynvml, gpu_spec
-from trainguard.diagnosis import StallDiagnoser, parse_py_spy_dump, render
+from trainguard.diagnosis.stall import StallDiagnoser, parse_py_spy_dump, render
 from trainguard.records import FsSample, LogMatch, Mount, MountKind, Snapshot
-from trainguard.samplers import procs
-from trainguard.samplers.gpu import GpuSampler
+from trainguard.sources import procs
+from trainguard.sources.gpu import GpuSampler
+
+from tests.gpu_support import FakeClock, GiB, fake_pynvml, gpu_spec
 
 TRAINER = textwrap.dedent("""
     import sys, threading
@@ -177,6 +177,7 @@ def test_blocked_means_d_state_or_a_filesystem_wait(state, wchan, blocked):
 
 def test_diagnose_command_in_a_subprocess_with_the_fake_on_pythonpath(tmp_path):
     import json
+
     from tests.gpu_support import FAKE_DIR
     heartbeat = tmp_path / "heartbeat"
     heartbeat.write_text("")

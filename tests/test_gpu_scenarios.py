@@ -8,11 +8,11 @@ import sys
 import time
 
 import pytest
-
-from tests.gpu_support import GiB, Scenario, dead_pid, fake_pynvml, gpu_spec, FakeClock
 from trainguard import config as configmod
 from trainguard.records import NvmlState
-from trainguard.samplers.gpu import GpuSampler
+from trainguard.sources.gpu import GpuSampler
+
+from tests.gpu_support import FakeClock, GiB, Scenario, dead_pid, fake_pynvml, gpu_spec
 
 ME = os.getpid()
 FULL = int(76 * GiB)  # 95 % of 80 GiB
@@ -184,9 +184,9 @@ def test_xid_events_from_the_event_thread_become_a_held_critical_alert():
     finally:
         sampler.close()
     from trainguard.detectors.gpu import detect_xid
-    from trainguard.history import History
-    from trainguard.records import Snapshot, GpuSample, Severity
-    from trainguard.detectors.gpu import gpu_series
+    from trainguard.detectors.series import gpu_series
+    from trainguard.records import GpuSample, Severity, Snapshot
+    from trainguard.store.history import History
     h = History(None)
     snap = Snapshot(ts=clock.now, gpus=(GpuSample(0, "GPU-x", "A100", clock.now, xid_events=events),))
     h.record(clock.now, gpu_series(snap))

@@ -7,7 +7,6 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-
 from trainguard.records import GpuSample
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gpu-selftest"

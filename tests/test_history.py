@@ -7,10 +7,9 @@ import os
 import sqlite3
 
 import pytest
-
 from trainguard import config as configmod
-from trainguard.history import History
-from trainguard.state import DB_NAME, StateDb, read_only
+from trainguard.store.history import History
+from trainguard.store.state import DB_NAME, StateDb, read_only
 
 T0 = 1_700_000_000.0
 

@@ -12,12 +12,13 @@ import threading
 import time
 
 import pytest
-
-from tests.support.cli import Daemon as DaemonProcess, trainguard
 from trainguard import config as configmod
 from trainguard.clock import SystemClock
 from trainguard.records import AlertStatus
-from trainguard.service import Daemon
+from trainguard.service.daemon import Daemon
+
+from tests.support.cli import Daemon as DaemonProcess
+from tests.support.cli import trainguard
 
 pytestmark = pytest.mark.fuse
 

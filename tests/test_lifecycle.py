@@ -6,11 +6,12 @@ import os
 import sqlite3
 from collections import Counter
 
+from trainguard.alerts.lifecycle import FIRING, PENDING, Lifecycle
+from trainguard.records import AlertStatus, Finding, Severity
+from trainguard.store.state import StateDb
+
 from tests.support.clock import FakeClock
 from tests.support.fake_daemon import FakeDisk, Recorder, daemon
-from trainguard.alerts import FIRING, PENDING, Lifecycle
-from trainguard.records import AlertStatus, Finding, Severity
-from trainguard.state import StateDb
 
 T0 = 1_700_000_000.0
 H = 3600.0

@@ -6,11 +6,10 @@ import os
 import time
 
 import pytest
-
 from trainguard.config import LogWatch
 from trainguard.detectors.gpu import detect_log_matches
-from trainguard.logwatch import FileTail, LogWatcher
 from trainguard.records import Snapshot
+from trainguard.sources.logwatch import FileTail, LogWatcher
 
 
 def lines(blocks):
@@ -143,7 +142,7 @@ def test_100_mb_log_appended_fast_finds_every_match(tmp_path):
 
 
 def test_matcher_with_and_without_literal_prefixes_reports_each_line_once_in_order():
-    from trainguard.logwatch import Matcher, literal_prefix
+    from trainguard.sources.logwatch import Matcher, literal_prefix
     assert literal_prefix("NCCL.*[Tt]imeout") == "NCCL"
     assert literal_prefix("errors?: x") == "error"
     assert literal_prefix("(?i)nccl") == ""

@@ -5,9 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from trainguard.records import MountKind
-from trainguard.samplers.mounts import classify, containing_mount, parse_mountinfo, read_mounts, select, unescape
+from trainguard.sources.mounts import (
+    classify,
+    containing_mount,
+    parse_mountinfo,
+    read_mounts,
+    select,
+    unescape,
+)
 
 DATA = Path(__file__).parent / "data"
 HOST = parse_mountinfo((DATA / "mountinfo_gpu_host.txt").read_text())

@@ -13,7 +13,6 @@ import sys
 import time
 from pathlib import Path
 
-
 from tests.support.http_receiver import HttpReceiver
 
 REPO = Path(__file__).resolve().parent.parent
@@ -208,7 +207,7 @@ def test_daemon_starts_and_samples_without_importing_apprise(tmp_path):
     config = write_config(tmp_path / "c.toml", state, '[[notify.targets]]\nname = "x"\n'
                                                     'url = "json://127.0.0.1:9/x"\n')
     code = (
-        "import sys; from trainguard import config; from trainguard.service import Daemon\n"
+        "import sys; from trainguard import config; from trainguard.service.daemon import Daemon\n"
         f"d = Daemon(config.load({str(config)!r}))\n"
         "d.notifiers[-1].close(0)\n"  # no worker may run before the check
         "d.notifiers = d.notifiers[:1]\n"

@@ -8,12 +8,11 @@ import sqlite3
 import time
 
 import pytest
-
 from trainguard import config
 from trainguard.notify.outbox import Outbox, backoff, summary
 from trainguard.notify.worker import OutboxNotifier, TokenBucket
 from trainguard.records import AlertEvent, AlertStatus, Finding, Severity
-from trainguard.state import StateDb
+from trainguard.store.state import StateDb
 
 HOST = "gpu-07"
 

@@ -13,12 +13,11 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import requests
-
 from trainguard import config
 from trainguard.notify.apprise_sender import AppriseSender
 from trainguard.notify.worker import OutboxNotifier
 from trainguard.records import AlertEvent, AlertStatus, Finding, Severity
-from trainguard.state import StateDb
+from trainguard.store.state import StateDb
 
 SECRET = "SEC0123456789abcdef"
 TOKEN = "a1b2c3d4e5f6deadbeef"

@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from trainguard import config
 from trainguard.notify.apprise_sender import AppriseSender
 from trainguard.notify.messages import compose
 from trainguard.records import AlertEvent, AlertStatus, Finding, Severity
+
 from tests.support.smtp_server import SmtpServer, openssl_reason, self_signed
 
 

@@ -11,9 +11,9 @@ import sys
 import time
 
 import pytest
+from trainguard.service.sdnotify import SdNotifier
 
 from tests.support.daemon_proc import DaemonProcess, child_env
-from trainguard.sdnotify import SdNotifier
 
 
 class NotifySocket:
@@ -141,7 +141,7 @@ def test_service_lifecycle_ready_watchdog_bad_reload_and_clean_stop(tmp_path, no
 
 
 def _mount_of(path):
-    from trainguard.samplers.mounts import containing_mount, read_mounts
+    from trainguard.sources.mounts import containing_mount, read_mounts
     return [containing_mount(str(path), read_mounts()).mount_point]
 
 

@@ -5,9 +5,13 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from trainguard.units import (
-    format_bytes, format_duration, format_ratio, parse_bytes, parse_duration, parse_ratio,
+    format_bytes,
+    format_duration,
+    format_ratio,
+    parse_bytes,
+    parse_duration,
+    parse_ratio,
 )
 
 

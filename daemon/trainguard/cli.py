@@ -9,7 +9,8 @@ import os
 import sys
 from typing import Callable, Sequence
 
-from trainguard import __version__, config as configmod
+from trainguard import __version__
+from trainguard import config as configmod
 
 EXIT_OK, EXIT_CRITICAL, EXIT_CONFIG = 0, 1, 2
 
@@ -38,7 +39,7 @@ def _load(args: argparse.Namespace) -> configmod.Loaded | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from trainguard.service import Daemon, setup_logging
+    from trainguard.service.daemon import Daemon, setup_logging
 
     loaded = _load(args)
     if loaded is None:
@@ -64,7 +65,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from trainguard import status
+    from trainguard.surfaces import status
 
     loaded = _load(args)
     if loaded is None:
@@ -79,10 +80,10 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     """What are the processes on a GPU doing? Runs the stall diagnosis now, stalled or not."""
     import time
 
-    from trainguard import diagnosis
     from trainguard.clock import SystemClock
+    from trainguard.diagnosis import stall as diagnosis
     from trainguard.records import Snapshot
-    from trainguard.service import Samplers
+    from trainguard.sources.samplers import Samplers
 
     loaded = _load(args)
     if loaded is None:
@@ -140,7 +141,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 def cmd_cleanup(args: argparse.Namespace) -> int:
     from trainguard.actions.audit import AuditLog
     from trainguard.actions.cleanup import CleanupRunner, Item, describe
-    from trainguard.state import StateDb, choose_state_dir
+    from trainguard.store.state import StateDb, choose_state_dir
     from trainguard.units import format_bytes, format_duration
 
     loaded = _load(args)
@@ -260,7 +261,8 @@ def cmd_test_alert(args: argparse.Namespace) -> int:
 def cmd_health(args: argparse.Namespace) -> int:
     import time
 
-    from trainguard import health, state
+    from trainguard.store import heartbeat as health
+    from trainguard.store import state
 
     loaded = _load(args)
     if loaded is None:

@@ -15,9 +15,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.scenarios import webhook
-from tests.scenarios.harness import (TB_TRAINER, Processes, Trainguard, pending_messages, recorded_points,
-                                     wait_until)
-from tests.scenarios.workload import DiskFillWorkload, disk_fill_config, read_manifest, webhook_config
+from tests.scenarios.harness import (
+    TB_TRAINER,
+    Processes,
+    Trainguard,
+    pending_messages,
+    recorded_points,
+    wait_until,
+)
+from tests.scenarios.workload import (
+    DiskFillWorkload,
+    disk_fill_config,
+    read_manifest,
+    webhook_config,
+)
 from tests.support.http_receiver import HttpReceiver
 from tests.support.slowfs import SlowFs
 

@@ -20,8 +20,16 @@ from pathlib import Path
 import pytest
 
 from tests.scenarios import webhook
-from tests.scenarios.runs import (B_DELIVERY_SLACK_S, B_HEARTBEAT_FRESH_S, B_INTERVAL_S, B_KEEP_FIRING_S,
-                                  B_PROBE_TIMEOUT_S, B_STALL_FOR_S, SHARE_NAME, run_share_hang)
+from tests.scenarios.runs import (
+    B_DELIVERY_SLACK_S,
+    B_HEARTBEAT_FRESH_S,
+    B_INTERVAL_S,
+    B_KEEP_FIRING_S,
+    B_PROBE_TIMEOUT_S,
+    B_STALL_FOR_S,
+    SHARE_NAME,
+    run_share_hang,
+)
 from tests.support.slowfs import SlowFs, fuse_available
 
 pytestmark = [pytest.mark.fuse, pytest.mark.slow, pytest.mark.timeout(180)]

@@ -25,7 +25,12 @@ from pathlib import Path
 import pytest
 
 from tests.scenarios import webhook
-from tests.scenarios.harness import Processes, pending_messages, recorded_points, wait_until
+from tests.scenarios.harness import (
+    Processes,
+    pending_messages,
+    recorded_points,
+    wait_until,
+)
 from tests.scenarios.runs import settle_cycles, sha256_of
 from tests.scenarios.workload import DiskFillWorkload, disk_fill_config, read_manifest
 

@@ -42,7 +42,7 @@ from trainguard.actions.safety import (
 )
 from trainguard.config import AgePolicy, CachePolicy, CheckpointsPolicy
 from trainguard.records import Finding, FsUsage, Severity
-from trainguard.samplers.fs import usage_from_statvfs
+from trainguard.sources.fs import usage_from_statvfs
 from trainguard.units import format_bytes, format_ratio
 
 log = logging.getLogger(__name__)

@@ -13,14 +13,19 @@ from __future__ import annotations
 
 import logging
 import os
-import pwd
 import stat
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from trainguard.rootcheck import FORBIDDEN_TREES, SYSTEM_DIRS, UnsafeRoot, check_root_text, home_dirs  # noqa: F401
-from trainguard.samplers.mounts import read_mounts
+from trainguard.rootcheck import (  # noqa: F401
+    FORBIDDEN_TREES,
+    SYSTEM_DIRS,
+    UnsafeRoot,
+    check_root_text,
+    home_dirs,
+)
+from trainguard.sources.mounts import read_mounts
 
 log = logging.getLogger(__name__)
 

@@ -15,10 +15,15 @@ import time
 from typing import Callable, Sequence
 
 from trainguard.actions.audit import AuditLog
-from trainguard.actions.cleanup import CleanupReport, CleanupRunner, Policy, findings_for
+from trainguard.actions.cleanup import (
+    CleanupReport,
+    CleanupRunner,
+    Policy,
+    findings_for,
+)
 from trainguard.records import Finding, FsSample, Snapshot
-from trainguard.samplers.fs import usage_from_statvfs
-from trainguard.samplers.mounts import containing_mount
+from trainguard.sources.fs import usage_from_statvfs
+from trainguard.sources.mounts import containing_mount
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,15 @@ from trainguard.config.loader import (
     read_toml,
 )
 from trainguard.config.notify import Notify, NotifyTarget
-from trainguard.config.storage import DEFAULT_LOG_PATTERNS, Filesystems, Forecast, Io, LogWatch, MountOverride, Thresholds
+from trainguard.config.storage import (
+    DEFAULT_LOG_PATTERNS,
+    Filesystems,
+    Forecast,
+    Io,
+    LogWatch,
+    MountOverride,
+    Thresholds,
+)
 from trainguard.redact import redact_url
 
 __all__ = [

@@ -5,7 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Mapping, Union
 
-from pydantic import AfterValidator, BeforeValidator, Field, PlainSerializer, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    PlainSerializer,
+    field_validator,
+    model_validator,
+)
 
 from trainguard.config.base import Strict
 from trainguard.rootcheck import UnsafeRoot, check_root_text

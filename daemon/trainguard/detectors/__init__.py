@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from trainguard.config import Config
-from trainguard.history import History
 from trainguard.records import Finding, FsSample, Severity, Snapshot
+from trainguard.store.history import History
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,9 @@ class DetectorInput:
 
     def trend(self, sample: FsSample):
         """The mount's fill trend (detectors.forecast.Trend or None), fitted once per input."""
-        from trainguard.detectors.forecast import mount_trend  # forecast imports this package
+        from trainguard.detectors.forecast import (
+            mount_trend,  # forecast imports this package
+        )
 
         mp = sample.mount.mount_point
         if mp not in self.trends:

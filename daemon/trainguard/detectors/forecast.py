@@ -38,7 +38,7 @@ from trainguard.units import format_bytes, format_duration, format_ratio
 
 if TYPE_CHECKING:
     from trainguard.config import Forecast
-    from trainguard.history import History
+    from trainguard.store.history import History
 
 BUCKETS = 48  # points the window is reduced to; 48 -> ~1100 pairs, cheap in pure Python
 MIN_POINTS = 4

@@ -12,7 +12,8 @@ from __future__ import annotations
 import fnmatch
 from typing import Any, Callable, Iterable, Sequence
 
-from trainguard.config import Gpu as GpuConfig, LogWatch
+from trainguard.config import Gpu as GpuConfig
+from trainguard.config import LogWatch
 from trainguard.records import Finding, GpuSample, LogMatch, Severity, Snapshot
 from trainguard.units import format_bytes, format_duration
 
@@ -46,28 +47,6 @@ CRITICAL_XIDS = frozenset(XID_MEANINGS)
 
 _THROTTLE_BITS = {"sw_power_cap": 0x4, "hw_slowdown": 0x8, "sw_thermal": 0x20, "hw_thermal": 0x40,
                   "hw_power_brake": 0x80}
-
-
-def gpu_series(snapshot: Snapshot) -> dict[str, float]:
-    """The history series one cycle adds for its GPUs."""
-    values: dict[str, float] = {}
-    for g in snapshot.gpus:
-        if g.lost:
-            continue
-        if g.util_ratio is not None:
-            values[f"gpu.util:{g.index}"] = g.util_ratio
-        if g.memory_used_bytes is not None:
-            values[f"gpu.mem_used:{g.index}"] = float(g.memory_used_bytes)
-        if g.throttle_reasons is not None:
-            values[f"gpu.throttle:{g.index}"] = float(g.throttle_reasons)
-        if g.xid_events:
-            worst = max(g.xid_events, key=lambda e: (e.xid in CRITICAL_XIDS, e.ts))
-            values[f"gpu.xid:{g.index}"] = float(worst.xid)
-        if g.temperature_c is not None:
-            values[f"gpu.temperature:{g.index}"] = g.temperature_c
-        if g.power_w is not None:
-            values[f"gpu.power_w:{g.index}"] = g.power_w
-    return values
 
 
 def _label(g: GpuSample) -> str:

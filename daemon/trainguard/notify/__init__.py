@@ -12,7 +12,7 @@ from typing import Protocol, Sequence
 from trainguard.records import AlertEvent, AlertStatus
 from trainguard.units import format_duration
 
-log = logging.getLogger("trainguard.alerts")
+log = logging.getLogger("trainguard.alerts.lifecycle")
 
 
 class Notifier(Protocol):

@@ -15,7 +15,7 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
-from trainguard.alerts import finding_from_json, finding_to_json
+from trainguard.alerts.lifecycle import finding_from_json, finding_to_json
 from trainguard.records import AlertEvent, AlertStatus
 
 log = logging.getLogger("trainguard.notify")

@@ -24,7 +24,7 @@ from trainguard.notify.messages import MAX_LISTED, Message, compose, finding_tag
 from trainguard.notify.outbox import Outbox, backoff
 from trainguard.records import AlertEvent, Severity
 from trainguard.redact import Redactor, redact_url
-from trainguard.state import StateDb
+from trainguard.store.state import StateDb
 from trainguard.units import format_duration
 
 log = logging.getLogger("trainguard.notify")

@@ -19,10 +19,17 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from trainguard.records import Finding, FsSample, GpuSample, LogMatch, MountKind, Snapshot
-from trainguard.samplers import procs
-from trainguard.samplers.mounts import containing_mount
-from trainguard.samplers.procs import IoCounters, ProcessInfo
+from trainguard.records import (
+    Finding,
+    FsSample,
+    GpuSample,
+    LogMatch,
+    MountKind,
+    Snapshot,
+)
+from trainguard.sources import procs
+from trainguard.sources.mounts import containing_mount
+from trainguard.sources.procs import IoCounters, ProcessInfo
 from trainguard.units import format_bytes, format_duration
 
 _CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt", ".safetensors", ".bin", ".h5", ".pkl", ".npz", ".tar")

@@ -9,14 +9,17 @@ from __future__ import annotations
 import time
 from typing import Any, Sequence
 
-from trainguard import alerts, config as configmod, state
+from trainguard import config as configmod
 from trainguard.actions.audit import read_freed
+from trainguard.alerts import lifecycle as alerts
 from trainguard.clock import Clock, SystemClock
 from trainguard.detectors import DetectorInput, evaluate
-from trainguard.history import History
-from trainguard.diagnosis import StallDiagnoser
+from trainguard.detectors.series import series_of
+from trainguard.diagnosis.stall import StallDiagnoser
 from trainguard.records import Finding, FsSample, GpuSample, Severity, Snapshot
-from trainguard.service import Samplers, series_of
+from trainguard.sources.samplers import Samplers
+from trainguard.store import state
+from trainguard.store.history import History
 from trainguard.units import format_bytes, format_duration, format_iso_utc, format_ratio
 
 SCHEMA_VERSION = 1

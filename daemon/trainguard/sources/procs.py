@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 
 from trainguard.records import Mount
-from trainguard.samplers.mounts import parse_mountinfo
+from trainguard.sources.mounts import parse_mountinfo
 
 # Kernel wait channels that mean "waiting on a filesystem", even in S state: a write to a
 # hung FUSE mount sleeps interruptibly in request_wait_answer, NFS/SMB in rpc_/nfs_/cifs_.

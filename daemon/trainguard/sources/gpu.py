@@ -20,7 +20,7 @@ from types import ModuleType
 from typing import Any, Callable
 
 from trainguard.records import GpuProcess, GpuSample, NvmlState, NvmlStatus, XidEvent
-from trainguard.samplers.procs import PidResolver
+from trainguard.sources.procs import PidResolver
 
 log = logging.getLogger("trainguard.gpu")
 

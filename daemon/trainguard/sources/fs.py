@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 
 from trainguard.clock import Clock
 from trainguard.records import FsSample, FsUsage, Mount, MountKind
-from trainguard.samplers import mounts as mountinfo
+from trainguard.sources import mounts as mountinfo
 
 log = logging.getLogger(__name__)
 

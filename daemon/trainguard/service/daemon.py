@@ -16,24 +16,26 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 
 from trainguard import config as configmod
 from trainguard.actions.audit import freed_totals
-from trainguard.alerts import Lifecycle
+from trainguard.alerts.lifecycle import Lifecycle
 from trainguard.clock import Clock, SystemClock
 from trainguard.detectors import DetectorInput, evaluate
-from trainguard.detectors.gpu import gpu_series
-from trainguard.diagnosis import StallDiagnoser
-from trainguard.exporter import MetricsServer, Readings
-from trainguard.health import Heartbeat
-from trainguard.history import History
+from trainguard.detectors.series import series_of
+from trainguard.diagnosis.stall import StallDiagnoser
 from trainguard.notify import LogNotifier, Notifier
-from trainguard.logwatch import LogWatcher
 from trainguard.notify.outbox import failed_attempts
 from trainguard.notify.worker import OutboxNotifier
-from trainguard.records import AlertEvent, AlertStatus, Finding, NvmlState, NvmlStatus, Snapshot
-from trainguard.samplers.diskstats import DiskstatsSampler
-from trainguard.samplers.fs import FsSampler
-from trainguard.samplers.gpu import GpuSampler, load_nvml
-from trainguard.sdnotify import SdNotifier
-from trainguard.state import StateDb, choose_state_dir
+from trainguard.records import (
+    AlertEvent,
+    AlertStatus,
+    Finding,
+    Snapshot,
+)
+from trainguard.service.sdnotify import SdNotifier
+from trainguard.sources.samplers import Samplers
+from trainguard.store.heartbeat import Heartbeat
+from trainguard.store.history import History
+from trainguard.store.state import StateDb, choose_state_dir
+from trainguard.surfaces.exporter import MetricsServer, Readings
 
 if TYPE_CHECKING:
     from trainguard.actions.worker import CleanupWorker
@@ -42,24 +44,6 @@ log = logging.getLogger(__name__)
 
 COMPACT_EVERY = 3600.0  # seconds between history roll-ups
 CLEANUP_NOTE_FOR = 6 * 3600.0  # a threshold alert mentions a cleanup on its mount for this long
-
-
-def series_of(snapshot: Snapshot) -> dict[str, float | None]:
-    """The numbers of a snapshot that detectors read back from history."""
-    values: dict[str, float | None] = {}
-    for s in snapshot.filesystems:
-        mp = s.mount.mount_point
-        values[f"fs.responsive:{mp}"] = 1.0 if s.responsive else 0.0
-        if s.usage is not None and s.responsive:
-            values[f"fs.avail_bytes:{mp}"] = s.usage.avail_bytes
-            values[f"fs.used_ratio:{mp}"] = s.usage.used_ratio
-            values[f"fs.inodes_used_ratio:{mp}"] = s.usage.inodes_used_ratio
-    for d in snapshot.disks:
-        values[f"disk.util:{d.name}"] = d.util_ratio
-        values[f"disk.write_bps:{d.name}"] = d.write_bytes_per_s
-        values[f"disk.read_bps:{d.name}"] = d.read_bytes_per_s
-    values.update(gpu_series(snapshot))
-    return values
 
 
 def fill_etas(inp: DetectorInput) -> dict[str, float]:
@@ -94,55 +78,6 @@ class CycleResult:
     events: tuple[AlertEvent, ...]
     duration_s: float
     fill_eta: Mapping[str, float] = field(default_factory=dict)  # mount point -> seconds to full
-
-
-def gpu_sampler(cfg: configmod.Config, clock: Clock, nvml=None) -> GpuSampler | None:
-    """None when [gpu] is disabled. nvml: the pynvml module (default: the installed one)."""
-    if not cfg.gpu.enabled:
-        return None
-    host_view = {"auto": None, "yes": True, "no": False}[cfg.gpu.host_pid_namespace]
-    return GpuSampler(nvml if nvml is not None else load_nvml(), clock=clock.time,
-                      proc_root=cfg.general.proc_root, host_pid_view=host_view)
-
-
-@dataclass
-class Samplers:
-    fs: FsSampler
-    disks: DiskstatsSampler
-    gpu: GpuSampler | None = None
-    logs: LogWatcher | None = None
-
-    @classmethod
-    def from_config(cls, cfg: configmod.Config, clock: Clock, *, nvml=None, follow_logs: bool = False) -> "Samplers":
-        fs = cfg.filesystems
-        logs = None
-        if follow_logs and cfg.logs:
-            logs = LogWatcher(cfg.logs, clock=clock.time, proc_root=cfg.general.proc_root).start()
-        return cls(
-            fs=FsSampler(clock=clock, proc_root=cfg.general.proc_root, paths=fs.paths, exclude=fs.exclude,
-                         include_fstypes=fs.include_fstypes, timeout=fs.probe_timeout,
-                         wait=min(1.0, cfg.general.interval / 2), host_root=cfg.general.host_root),
-            disks=DiskstatsSampler(clock=clock, proc_root=cfg.general.proc_root),
-            gpu=gpu_sampler(cfg, clock, nvml),
-            logs=logs,
-        )
-
-    def sample(self, now: float) -> Snapshot:
-        filesystems, missing = self.fs.sample()
-        if self.gpu is not None:
-            reading = self.gpu.sample()
-            gpus, gpu_status = reading.gpus, reading.status
-        else:
-            gpus, gpu_status = (), NvmlStatus(NvmlState.OFF, "GPU monitoring is disabled ([gpu] enabled = false)")
-        return Snapshot(ts=now, filesystems=tuple(filesystems), disks=tuple(self.disks.sample()),
-                        missing_paths=tuple(missing), gpus=gpus, gpu_status=gpu_status,
-                        log_matches=self.logs.recent(now) if self.logs is not None else ())
-
-    def close(self) -> None:
-        if self.gpu is not None:
-            self.gpu.close()
-        if self.logs is not None:
-            self.logs.stop()
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass
 
-from trainguard import state
+from trainguard.store import state
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS heartbeat (

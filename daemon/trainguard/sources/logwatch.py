@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 
 from trainguard.config import LogWatch
 from trainguard.records import LogMatch, Mount
-from trainguard.samplers.mounts import containing_mount, read_mounts
+from trainguard.sources.mounts import containing_mount, read_mounts
 
 log = logging.getLogger("trainguard.logs")
 

@@ -1,0 +1,1 @@
+"""Stage 6, decisions: the alert lifecycle (pending, firing, resolved) after Alertmanager."""
