@@ -32,6 +32,7 @@ from trainguard.config.loader import (
     parse,
     read_toml,
 )
+from trainguard.config.mirror import Mirror, mirrored_path
 from trainguard.config.notify import Notify, NotifyTarget
 from trainguard.config.storage import (
     DEFAULT_LOG_PATTERNS,
@@ -48,7 +49,7 @@ __all__ = [
     "AGE_EXCLUDES", "CHECKPOINT_DIR_PATTERNS", "CHECKPOINT_PATTERNS", "DEFAULT_CLEANUP", "DEFAULT_CONFIG_PATH",
     "DEFAULT_LOG_PATTERNS", "ENV_CONFIG", "ENV_PREFIX", "SECRET_KEYS", "AgePolicy", "Alerts", "CachePolicy",
     "CheckpointsPolicy", "CleanupPolicy", "Config", "ConfigError", "Filesystems", "Forecast", "General", "Gpu",
-    "GpuOverride", "GpuRule", "History", "Io", "Loaded", "LogWatch", "MaxDelete", "Metrics", "MountOverride",
+    "GpuOverride", "GpuRule", "History", "Io", "Loaded", "LogWatch", "MaxDelete", "Metrics", "Mirror", "mirrored_path", "MountOverride",
     "Notify", "NotifyTarget", "Strict", "ThrottleReason", "Thresholds", "dump", "env_overrides", "load", "parse",
     "parse_listen", "read_toml", "redact_url",
 ]

@@ -19,6 +19,7 @@ from trainguard.config.base import Strict
 from trainguard.config.cleanup import DEFAULT_CLEANUP, CleanupPolicies
 from trainguard.config.general import Alerts, General, History, Metrics
 from trainguard.config.gpu import Gpu
+from trainguard.config.mirror import Mirrors
 from trainguard.config.notify import Notify
 from trainguard.config.storage import Filesystems, Forecast, Io, LogWatch
 from trainguard.redact import redact_url
@@ -47,6 +48,7 @@ class Config(Strict):
     logs: list[LogWatch] = []
     cleanup: CleanupPolicies = DEFAULT_CLEANUP
     metrics: Metrics = Metrics()
+    mirror: Mirrors = []
 
 
 class ConfigError(Exception):
