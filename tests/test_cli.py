@@ -5,12 +5,18 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 from pathlib import Path
 
 import pytest
 from trainguard import config as configmod
 
 from tests.support.cli import Daemon, cli_env, trainguard
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 # Watch only the filesystem holding the test's tmp dir, so the host's other mounts do not add findings.
 ONLY = 'exclude = ["*"]\n'
@@ -27,10 +33,11 @@ def test_check_config_valid_prints_the_effective_config(tmp_path):
                                   'url = "dingtalk://TOKEN123@SECRET456/"\n')
     result = trainguard("check-config", str(path))
     assert result.returncode == 0, result.stderr
-    head, _, body = result.stdout.partition("\n")
-    assert head == f"# valid: {path}"
-    effective = json.loads(body)
+    head, merged, _ = result.stdout.split("\n", 2)
+    assert head == f"# valid: {path}" and merged == f"# merged: {path}"
+    effective = tomllib.loads(result.stdout)
     assert effective["filesystems"]["warning"] == "80%"
+    assert effective["forecast"]["window"] == "6h", "durations print as a person writes them"
     assert "TOKEN123" not in result.stdout and "SECRET456" not in result.stdout
 
 

@@ -22,7 +22,8 @@ def problems_of(path: Path, environ: dict[str, str] | None = None) -> list[str]:
         config.load(str(path), environ or {})
     lines = str(info.value).splitlines()
     assert len(lines) == len(info.value.problems)
-    assert all(line.startswith(f"{path}: ") for line in lines), "every line names the file"
+    sources = (f"{path}: ", *(f"{name}: " for name in environ or {}))
+    assert all(line.startswith(sources) for line in lines), "every line names the file or the variable"
     return lines
 
 

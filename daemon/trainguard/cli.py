@@ -133,8 +133,16 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         print("invalid configuration:\n" + "\n".join(f"{loaded.source}: notify.targets: {p}" for p in problems),
               file=sys.stderr)
         return EXIT_CONFIG
+    effective = configmod.dump(loaded.config)
+    if args.json:
+        print(json.dumps({"valid": True, "sources": [loaded.source, *loaded.env_vars], "config": effective},
+                         indent=2))
+        return EXIT_OK
+    from trainguard.config.render import to_toml
+
     print(f"# valid: {loaded.source}")
-    print(json.dumps(configmod.dump(loaded.config), indent=2))
+    print(f"# merged: {loaded.sources}")
+    print(to_toml(effective), end="")
     return EXIT_OK
 
 
@@ -301,6 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 help="one full cycle, print the findings, exit 1 if any is critical")
     parsers["status"].add_argument("--json", action="store_true", help="one JSON document (schema in README)")
     parsers["check-config"].add_argument("path", nargs="?", help="config file to check")
+    parsers["check-config"].add_argument("--json", action="store_true",
+                                         help="print the sources and the effective config as JSON")
     parsers["diagnose"].add_argument("gpu", nargs="?", help="GPU index or UUID (default: every GPU)")
     parsers["diagnose"].add_argument("--json", action="store_true", help="the diagnosis as JSON")
     parsers["diagnose"].add_argument("--wait", type=float, default=2.0, metavar="SECONDS",

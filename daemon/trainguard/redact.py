@@ -93,3 +93,17 @@ class Redactor:
         if self._pattern is None or not text:
             return text
         return self._pattern.sub(MASK, text)
+
+
+# Credentials wherever they turn up in free text: any scheme://... URL, and token-like query values.
+_URL_IN_TEXT = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://(?!\.\.\.)[^\s'\"<>()\[\]{},]+")
+_TOKEN_IN_TEXT = re.compile(
+    r"(?i)\b(access_token|token|secret|password|passwd|apikey|api_key|sign|signature)=([^&\s'\"]+)")
+
+
+def scrub(text: str) -> str:
+    """Mask what looks like a credential in any text: URLs shown by their shape, token=value as token=***."""
+    if not text or ("://" not in text and "=" not in text):
+        return text
+    text = _URL_IN_TEXT.sub(lambda m: redact_url(m.group(0)), text)
+    return _TOKEN_IN_TEXT.sub(lambda m: f"{m.group(1)}={MASK}", text)

@@ -13,7 +13,7 @@ import math
 import re
 from typing import Annotated
 
-from pydantic import BeforeValidator, PlainSerializer
+from pydantic import AfterValidator, BeforeValidator, PlainSerializer
 
 _NUMBER = r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
 
@@ -130,8 +130,36 @@ def format_iso_utc(ts: float | None) -> str | None:
     return None if ts is None else dt.datetime.fromtimestamp(ts, dt.timezone.utc).isoformat(timespec="seconds")
 
 
-# Annotated types for pydantic models; serialised back in the human form.
+def format_duration_exact(seconds: float) -> str:
+    """Lossless and as a person writes it in a config: 21600 -> "6h", 90 -> "90s", 0.5 -> "500ms"."""
+    if seconds == 0:
+        return "0s"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if seconds >= size and float(seconds / size).is_integer():
+            return f"{int(seconds // size)}{unit}"
+    ms = seconds * 1000
+    return f"{int(round(ms))}ms" if abs(ms - round(ms)) < 1e-9 else f"{seconds:g}s"
+
+
+def format_bytes_exact(n: int) -> str:
+    """Lossless: 20 * 2**30 -> "20GiB"; a size that is no whole binary unit stays a byte count."""
+    for unit, size in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= size and n % size == 0:
+            return f"{n // size}{unit}"
+    return f"{n}B"
+
+
+# Annotated types for pydantic models; serialised back in the human form a config file uses.
 Ratio = Annotated[float, BeforeValidator(parse_ratio), PlainSerializer(lambda v: f"{v * 100:g}%", return_type=str)]
-Bytes = Annotated[int, BeforeValidator(parse_bytes), PlainSerializer(lambda v: v, return_type=int)]
-Duration = Annotated[float, BeforeValidator(parse_duration),
-                     PlainSerializer(lambda v: f"{int(v)}s" if float(v).is_integer() else f"{v}s", return_type=str)]
+Bytes = Annotated[int, BeforeValidator(parse_bytes), PlainSerializer(format_bytes_exact, return_type=str)]
+Duration = Annotated[float, BeforeValidator(parse_duration), PlainSerializer(format_duration_exact, return_type=str)]
+
+
+def _positive(seconds: float) -> float:
+    if seconds <= 0:
+        raise ValueError('must be longer than 0s; write e.g. "500ms", "30s", "5m"')
+    return seconds
+
+
+# Intervals, timeouts and windows: zero would spin, never wait, or divide by nothing.
+PositiveDuration = Annotated[Duration, AfterValidator(_positive)]

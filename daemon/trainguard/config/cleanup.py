@@ -24,7 +24,13 @@ def _parse_max_delete(value: Any) -> "MaxDelete":
     if isinstance(value, MaxDelete):
         return value
     if isinstance(value, Mapping):
-        return MaxDelete(**value)
+        unknown = sorted(set(map(str, value)) - {"files", "bytes"})
+        if unknown:
+            raise ValueError(f"unknown key {unknown[0]!r}; a table takes files (a count) and/or bytes (a size)")
+        files, size = value.get("files"), value.get("bytes")
+        if files is not None and (isinstance(files, bool) or not isinstance(files, int) or files < 0):
+            raise ValueError(f"files = {files!r} is not a file count >= 0")
+        return MaxDelete(files=files, bytes=None if size is None else parse_bytes(size))
     if isinstance(value, bool):
         raise ValueError('expected a size like "500GiB" or a file count like 1000 or "1000 files"')
     if isinstance(value, int):
@@ -83,6 +89,9 @@ class _CleanupBase(Strict):
 
     @model_validator(mode="after")
     def _safe(self) -> "_CleanupBase":
+        for key in ("patterns", "exclude"):
+            if any(not glob for glob in getattr(self, key)):
+                raise ValueError(f"policy {self.name!r}: {key} has an empty glob; remove it")
         for root in self.roots:
             try:
                 check_root_text(root)

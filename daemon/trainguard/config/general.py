@@ -8,13 +8,13 @@ from typing import Literal
 from pydantic import field_validator
 
 from trainguard.config.base import Strict
-from trainguard.units import Duration
+from trainguard.units import Duration, PositiveDuration
 
 
 class General(Strict):
     hostname: str = ""  # empty: the machine's host name
     state_dir: str = "/var/lib/trainguard"
-    interval: Duration = 10.0
+    interval: PositiveDuration = 10.0
     proc_root: str = "/proc"  # a sidecar points these at /host/proc, /host/sys
     sys_root: str = "/sys"
     # Where the host's / is visible (a sidecar bind-mounts it at /host/root): statfs of a host
@@ -28,16 +28,16 @@ class General(Strict):
 
 
 class Alerts(Strict):
-    repeat_interval: Duration = 4 * 3600.0
+    repeat_interval: PositiveDuration = 4 * 3600.0
     # A firing alert resolves only after its condition has been gone this long:
     # a value flapping around a threshold does not produce a message storm.
     keep_firing_for: Duration = 60.0
 
 
 class History(Strict):
-    raw_retention: Duration = 24 * 3600.0  # full-resolution samples
-    retention: Duration = 14 * 86400.0  # 5-minute averages beyond that
-    rollup: Duration = 300.0
+    raw_retention: PositiveDuration = 24 * 3600.0  # full-resolution samples
+    retention: PositiveDuration = 14 * 86400.0  # 5-minute averages beyond that
+    rollup: PositiveDuration = 300.0
 
 
 class Metrics(Strict):

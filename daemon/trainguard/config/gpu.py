@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from trainguard.config.base import Strict
-from trainguard.units import Duration, Ratio
+from trainguard.units import Duration, PositiveDuration, Ratio
 
 
 class GpuOverride(Strict):
@@ -35,7 +35,7 @@ ThrottleReason = Literal["sw_power_cap", "hw_slowdown", "sw_thermal", "hw_therma
 
 class Gpu(Strict):
     enabled: bool = True
-    interval: Duration | None = None  # None: general.interval
+    interval: PositiveDuration | None = None  # None: general.interval
     # Stall: VRAM used >= vram_ratio and utilisation <= util_floor, averaged over `for`,
     # on a GPU that has a compute process.
     vram_ratio: Ratio = 0.8

@@ -7,8 +7,8 @@ bad value and what is allowed. Values under secret keys are never echoed.
 
 from __future__ import annotations
 
-import json
 import os
+import stat
 import sys
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -22,7 +22,8 @@ from trainguard.config.gpu import Gpu
 from trainguard.config.mirror import Mirrors
 from trainguard.config.notify import Notify
 from trainguard.config.storage import Filesystems, Forecast, Io, LogWatch
-from trainguard.redact import redact_url
+from trainguard.config.environment import ENV_CONFIG, ENV_PREFIX, EnvOverrides, read_env
+from trainguard.redact import redact_url, scrub
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -30,8 +31,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 DEFAULT_CONFIG_PATH = "/etc/trainguard/config.toml"
-ENV_CONFIG = "TRAINGUARD_CONFIG"
-ENV_PREFIX = "TRAINGUARD_"
+BUILT_IN = "built-in defaults"
+__all__ = ["ENV_CONFIG", "ENV_PREFIX"]  # re-exported for callers of this module
 # Keys whose values must never be printed back (notify URLs carry tokens).
 SECRET_KEYS = frozenset({"url", "urls", "password", "secret", "token"})
 
@@ -52,18 +53,27 @@ class Config(Strict):
 
 
 class ConfigError(Exception):
-    """One or more problems in a config; str() is one line per problem."""
+    """One or more problems in a config; str() is one line per problem, each naming where it came from
+    (the file, or the TRAINGUARD_* variable), with anything that looks like a credential masked."""
 
-    def __init__(self, source: str, problems: list[str]):
+    def __init__(self, source: str, problems: list[str], origins: list[str | None] | None = None):
         self.source = source
-        self.problems = problems
-        super().__init__("\n".join(f"{source}: {p}" for p in problems))
+        self.problems = [scrub(p) for p in problems]
+        origins = origins or [None] * len(problems)
+        self.lines = [f"{origin or source}: {p}" for origin, p in zip(origins, self.problems)]
+        super().__init__("\n".join(self.lines))
 
 
 @dataclass(frozen=True)
 class Loaded:
     config: Config
     source: str  # the file read, or "built-in defaults"
+    env_vars: tuple[str, ...] = ()  # the TRAINGUARD_* variables merged over it
+
+    @property
+    def sources(self) -> str:
+        """What was merged, for people: "/etc/trainguard/config.toml + TRAINGUARD_GENERAL__INTERVAL"."""
+        return " + ".join((self.source, *self.env_vars))
 
 
 def _is_secret(loc: tuple[Any, ...]) -> bool:
@@ -92,28 +102,8 @@ def _describe(error: Mapping[str, Any]) -> str:
 
 
 def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
-    """TRAINGUARD_FILESYSTEMS__WARNING=80% -> {"filesystems": {"warning": "80%"}}.
-
-    Values that look like JSON lists/objects are parsed, so
-    TRAINGUARD_FILESYSTEMS__PATHS='["/data"]' works in a container.
-    """
-    tree: dict[str, Any] = {}
-    for name, value in environ.items():
-        if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG or "__" not in name:
-            continue
-        parts = [p.lower() for p in name[len(ENV_PREFIX):].split("__") if p]
-        node = tree
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-        stripped = value.strip()
-        if stripped[:1] in "[{":
-            try:
-                node[parts[-1]] = json.loads(stripped)
-                continue
-            except json.JSONDecodeError:
-                pass
-        node[parts[-1]] = value
-    return tree
+    """TRAINGUARD_FILESYSTEMS__WARNING=80% -> {"filesystems": {"warning": "80%"}} (see config.environment)."""
+    return read_env(environ, Config.model_fields).tree
 
 
 def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
@@ -126,27 +116,44 @@ def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def parse(data: Mapping[str, Any], source: str) -> Config:
+def parse(data: Mapping[str, Any], source: str, env: EnvOverrides | None = None) -> Config:
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(source, [_describe(e) for e in exc.errors()]) from None
+        errors = exc.errors()
+        raise ConfigError(source, [_describe(e) for e in errors],
+                          [env.origin_of(e["loc"]) if env else None for e in errors]) from None
+    except RecursionError:
+        raise ConfigError(source, ["nested too deeply to be a trainguard config"]) from None
 
 
 def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The file's TOML. Only a regular file is read: a FIFO or a device would block or never end."""
     try:
-        with open(path, "rb") as fh:
-            return tomllib.load(fh)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     except FileNotFoundError:
         raise ConfigError(str(path), ["file not found"]) from None
     except PermissionError:
         raise ConfigError(str(path), ["permission denied (cannot read the file)"]) from None
-    except IsADirectoryError:
-        raise ConfigError(str(path), ["is a directory, not a TOML file"]) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(str(path), [f"TOML syntax error: {exc}"]) from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(str(path), [f"not UTF-8 text: {exc}"]) from None
+    except OSError as exc:
+        raise ConfigError(str(path), [f"cannot be opened: {exc.strerror}"]) from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        if stat.S_ISDIR(mode):
+            raise ConfigError(str(path), ["is a directory, not a TOML file"])
+        raise ConfigError(str(path), ["is not a regular file (a FIFO, socket or device); give a TOML file"])
+    with os.fdopen(fd, "rb") as fh:
+        try:
+            return tomllib.load(fh)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(str(path), [f"TOML syntax error: {exc}"]) from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(str(path), [f"not UTF-8 text: {exc}"]) from None
+        except RecursionError:
+            raise ConfigError(str(path), ["nested too deeply to be a trainguard config"]) from None
+        except OSError as exc:
+            raise ConfigError(str(path), [f"cannot be read: {exc.strerror}"]) from None
 
 
 def load(path: str | None = None, environ: Mapping[str, str] | None = None) -> Loaded:
@@ -154,6 +161,7 @@ def load(path: str | None = None, environ: Mapping[str, str] | None = None) -> L
 
     path given (--config) or $TRAINGUARD_CONFIG: that file must exist.
     Otherwise /etc/trainguard/config.toml if present, else the built-in defaults.
+    TRAINGUARD_<SECTION>__<KEY> variables are merged over it (config.environment).
     """
     environ = os.environ if environ is None else environ
     explicit = path or environ.get(ENV_CONFIG)
@@ -162,11 +170,13 @@ def load(path: str | None = None, environ: Mapping[str, str] | None = None) -> L
     elif os.path.exists(DEFAULT_CONFIG_PATH):
         data, source = read_toml(DEFAULT_CONFIG_PATH), DEFAULT_CONFIG_PATH
     else:
-        data, source = {}, "built-in defaults"
-    overrides = env_overrides(environ)
-    if overrides:
-        data = _merge(data, overrides)
-    return Loaded(parse(data, source), source)
+        data, source = {}, BUILT_IN
+    env = read_env(environ, Config.model_fields)
+    if env.problems:
+        raise ConfigError("environment", [text for _, text in env.problems], [name for name, _ in env.problems])
+    if env.tree:
+        data = _merge(data, env.tree)
+    return Loaded(parse(data, source, env), source, tuple(env.variables))
 
 
 def dump(config: Config) -> dict[str, Any]:

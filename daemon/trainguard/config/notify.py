@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from trainguard.config.base import Strict
-from trainguard.units import Duration
+from trainguard.units import Duration, PositiveDuration
 
 
 class NotifyTarget(Strict):
@@ -22,7 +22,7 @@ class NotifyTarget(Strict):
     tags: list[str] = []
     # Messages per minute; 0: the service's own limit (DingTalk robots: 20/min), else unlimited.
     rate_limit: int = Field(0, ge=0)
-    timeout: Duration = 10.0  # one delivery attempt (connect and read) gives up after this
+    timeout: PositiveDuration = 10.0  # one delivery attempt (connect and read) gives up after this
 
     @model_validator(mode="after")
     def _has_scheme(self) -> "NotifyTarget":
@@ -38,9 +38,9 @@ class Notify(Strict):
     group_wait: Duration = 0.0
     # After a message to a target, further alerts wait this long and go out together.
     group_interval: Duration = 10.0
-    retry_initial: Duration = 10.0  # first retry after a failed delivery; doubles each time (with jitter) ...
-    retry_max: Duration = 600.0  # ... up to this
-    max_age: Duration = 24 * 3600.0  # an undelivered message older than this is given up (logged as an error)
+    retry_initial: PositiveDuration = 10.0  # first retry after a failed delivery; doubles each time (with jitter) ...
+    retry_max: PositiveDuration = 600.0  # ... up to this
+    max_age: PositiveDuration = 24 * 3600.0  # an undelivered message older than this is given up (logged as an error)
     max_pending: int = Field(10_000, ge=1)  # outbox bound: beyond it the oldest low-severity messages are dropped
 
     @model_validator(mode="after")

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from trainguard.config.base import Strict
-from trainguard.units import Duration, Ratio, format_duration
+from trainguard.units import Duration, PositiveDuration, Ratio, format_duration
 
 
 class Thresholds(Strict):
@@ -43,7 +43,7 @@ class Filesystems(Thresholds):
     paths: list[str] = []  # always watched; each path is resolved to its mount
     exclude: list[str] = []  # mount point globs never watched
     include_fstypes: list[str] = []  # extra fstypes to watch besides the built-in list
-    probe_timeout: Duration = 5.0
+    probe_timeout: PositiveDuration = 5.0
     hysteresis: Ratio = 0.03  # a usage alert clears this far below its threshold
     for_: Duration = Field(0.0, alias="for")
     overrides: list[MountOverride] = []
@@ -85,10 +85,10 @@ class Filesystems(Thresholds):
 
 class Forecast(Strict):
     enabled: bool = True
-    window: Duration = 6 * 3600.0  # how much history the trend is fitted on
+    window: PositiveDuration = 6 * 3600.0  # how much history the trend is fitted on
     min_span: Duration = 30 * 60.0  # no forecast before this much data
-    warning: Duration = 6 * 3600.0  # warn when the filesystem fills within this
-    critical: Duration = 3600.0
+    warning: PositiveDuration = 6 * 3600.0  # warn when the filesystem fills within this
+    critical: PositiveDuration = 3600.0
 
     @model_validator(mode="after")
     def _ordered(self) -> "Forecast":
@@ -121,18 +121,26 @@ class LogWatch(Strict):
     paths: list[str]
     patterns: list[str] = list(DEFAULT_LOG_PATTERNS)
     observer: Literal["auto", "inotify", "polling"] = "auto"  # auto: polling on network/FUSE mounts
-    hold: Duration = 1800.0  # a match stays an active finding this long
+    hold: PositiveDuration = 1800.0  # a match stays an active finding this long
     severity: Literal["warning", "critical"] = "warning"
 
-    @model_validator(mode="after")
-    def _patterns_compile(self) -> "LogWatch":
+    @field_validator("paths")
+    @classmethod
+    def _has_paths(cls, paths: list[str]) -> list[str]:
+        if not paths or not all(paths):
+            raise ValueError("give at least one log file or glob, none of them empty")
+        return paths
+
+    @field_validator("patterns")
+    @classmethod
+    def _patterns_compile(cls, patterns: list[str]) -> list[str]:
         import re
 
-        if not self.paths:
-            raise ValueError("paths is empty: give at least one log file or glob")
-        for pattern in self.patterns:
+        for pattern in patterns:
+            if not pattern:
+                raise ValueError("an empty pattern would match every line; remove it or write the text to look for")
             try:
                 re.compile(pattern)
             except re.error as exc:
                 raise ValueError(f"pattern {pattern!r} is not a valid regular expression: {exc}") from None
-        return self
+        return patterns
