@@ -328,8 +328,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from trainguard.redact import install_log_scrubber
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    install_log_scrubber()  # no log line shows a credential, wherever it came from
     try:
         return COMMANDS[args.command][1](args)
     except BrokenPipeError:  # `trainguard status | head`: the reader left, nothing is wrong

@@ -107,3 +107,23 @@ def scrub(text: str) -> str:
         return text
     text = _URL_IN_TEXT.sub(lambda m: redact_url(m.group(0)), text)
     return _TOKEN_IN_TEXT.sub(lambda m: f"{m.group(1)}={MASK}", text)
+
+
+def install_log_scrubber() -> None:
+    """Scrub every log record of this process, whatever handler writes it (stderr, journal, a file)."""
+    import logging
+
+    previous = logging.getLogRecordFactory()
+    if getattr(previous, "scrubs", False):
+        return
+
+    def factory(*args, **kwargs):
+        record = previous(*args, **kwargs)
+        message = record.getMessage()
+        clean = scrub(message)
+        if clean != message:
+            record.msg, record.args = clean, None
+        return record
+
+    factory.scrubs = True  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(factory)

@@ -41,6 +41,8 @@ def check_root_text(root: str, homes: frozenset[str] | None = None) -> str:
 
     Returns the normalised path; raises UnsafeRoot with the reason.
     """
+    if "\0" in root:
+        raise UnsafeRoot(f"root {root!r} contains a NUL byte")
     if not root or not root.startswith("/"):
         raise UnsafeRoot(f"root {root!r} must be an absolute path")
     if any(part == ".." for part in root.split("/")):

@@ -40,7 +40,9 @@ class EnvOverrides:
         for n in range(len(path), 0, -1):
             if path[:n] in self.origins:
                 return self.origins[path[:n]]
-        return None
+        # The error is about a table the variables fill key by key (notify.targets from ..._TARGETS__0__URL).
+        below = sorted(name for key, name in self.origins.items() if path and key[:len(path)] == path)
+        return ", ".join(below) or None
 
 
 def _value(text: str) -> Any:

@@ -116,13 +116,18 @@ def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
+_ENV_LIST_HINT = "; in the environment a list is one variable holding JSON, e.g. '[\"/data\"]' or '[{...}]'"
+
+
 def parse(data: Mapping[str, Any], source: str, env: EnvOverrides | None = None) -> Config:
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
         errors = exc.errors()
-        raise ConfigError(source, [_describe(e) for e in errors],
-                          [env.origin_of(e["loc"]) if env else None for e in errors]) from None
+        origins = [env.origin_of(e["loc"]) if env else None for e in errors]
+        problems = [_describe(e) + (_ENV_LIST_HINT if origin and e["type"] == "list_type" else "")
+                    for e, origin in zip(errors, origins)]
+        raise ConfigError(source, problems, origins) from None
     except RecursionError:
         raise ConfigError(source, ["nested too deeply to be a trainguard config"]) from None
 
