@@ -65,6 +65,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from trainguard.redact import scrub
     from trainguard.surfaces import status
 
     loaded = _load(args)
@@ -72,7 +73,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     quiet_logging()
     doc = status.build(loaded.config, state_dir=args.state_dir)
-    print(json.dumps(doc, indent=2) if args.json else status.render(doc))
+    # Findings quote watched log lines, which may carry a token: status never shows one.
+    print(scrub(json.dumps(doc, indent=2) if args.json else status.render(doc)))
     return EXIT_OK
 
 
