@@ -41,7 +41,7 @@ class FsUsage:
     avail_bytes: int
     inodes_total: int
     inodes_used: int
-    inodes_free: int  # free for unprivileged users (f_favail)
+    inodes_free: int  # f_ffree, as df -i counts free inodes
 
     @property
     def used_ratio(self) -> float:

@@ -34,16 +34,15 @@ from trainguard.sources import mounts as mountinfo
 log = logging.getLogger(__name__)
 
 
+def usage_from_counts(frsize: int, blocks: int, bfree: int, bavail: int, files: int, ffree: int) -> FsUsage:
+    """Bytes and inodes the way df computes them: used = total - free; avail is the non-root view;
+    free inodes are f_ffree, as df -i counts them (statvfs and `stat -f` both give it)."""
+    return FsUsage(size_bytes=blocks * frsize, used_bytes=(blocks - bfree) * frsize, avail_bytes=bavail * frsize,
+                   inodes_total=files, inodes_used=files - ffree, inodes_free=ffree)
+
+
 def usage_from_statvfs(st: os.statvfs_result) -> FsUsage:
-    """Bytes and inodes the way df computes them (used = total - free; avail is the non-root view)."""
-    frsize = st.f_frsize or st.f_bsize
-    size = st.f_blocks * frsize
-    used = (st.f_blocks - st.f_bfree) * frsize
-    avail = st.f_bavail * frsize
-    return FsUsage(
-        size_bytes=size, used_bytes=used, avail_bytes=avail,
-        inodes_total=st.f_files, inodes_used=st.f_files - st.f_ffree, inodes_free=st.f_favail,
-    )
+    return usage_from_counts(st.f_frsize or st.f_bsize, st.f_blocks, st.f_bfree, st.f_bavail, st.f_files, st.f_ffree)
 
 
 @dataclass
@@ -102,9 +101,8 @@ def child_probe(stat: str, reach: Callable[[str], str] = _as_is) -> ProbeFn:
                 frsize, blocks, bfree, bavail, files, ffree = (int(x) for x in fields[:6])
             except ValueError:
                 continue
-            answered[fields[6] if len(fields) > 6 else ""] = FsUsage(
-                size_bytes=blocks * frsize, used_bytes=(blocks - bfree) * frsize, avail_bytes=bavail * frsize,
-                inodes_total=files, inodes_used=files - ffree, inodes_free=ffree)
+            answered[fields[6] if len(fields) > 6 else ""] = usage_from_counts(frsize, blocks, bfree, bavail,
+                                                                               files, ffree)
         usage = answered.get(here)
         if usage is None:
             # "stat: cannot read file system information for '/x': Transport endpoint is not connected"
