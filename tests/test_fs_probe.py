@@ -29,7 +29,8 @@ def test_usage_is_computed_like_df():
     assert (u.size_bytes, u.used_bytes, u.avail_bytes) == (1000 * 4096, 600 * 4096, 300 * 4096)
     # Reserved blocks (bfree - bavail) count neither as used nor as available, as in df's Use%.
     assert u.used_ratio == pytest.approx(600 / 900)
-    assert (u.inodes_total, u.inodes_used, u.inodes_free) == (100, 60, 30)
+    # Free inodes as df -i counts them (f_ffree), the same as the `stat -f` probe reports.
+    assert (u.inodes_total, u.inodes_used, u.inodes_free) == (100, 60, 40)
 
 
 def test_filesystems_without_inodes_have_no_inode_ratio():
