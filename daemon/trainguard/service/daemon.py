@@ -88,6 +88,7 @@ class Daemon:
     notifiers: Sequence[Notifier] | None = None
     nvml: object = None  # the pynvml module; None: the installed one
     sd: SdNotifier = field(default_factory=SdNotifier)
+    one_shot: bool = False  # `run --once`: no heartbeat, so `health` never mistakes it for a daemon
 
     def __post_init__(self) -> None:
         cfg = self.config
@@ -143,7 +144,8 @@ class Daemon:
         duration = self.clock.monotonic() - started
         self.latest = CycleResult(snapshot, tuple(findings), tuple(events), duration, fill_etas(inp))
         self.readings = self._readings(self.latest, now)
-        self.heartbeat.beat(self.readings.ts, self.status_line())
+        if not self.one_shot:
+            self.heartbeat.beat(self.readings.ts, self.status_line())
         return self.latest
 
     def _make_diagnoser(self, cfg: configmod.Config) -> StallDiagnoser:
@@ -342,9 +344,3 @@ class Daemon:
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGHUP, reload)
 
-
-def setup_logging(level: str = "info") -> None:
-    """One line per event on stderr; under systemd the journal adds time and host itself."""
-    under_journal = bool(os.environ.get("JOURNAL_STREAM"))
-    fmt = "%(levelname)s %(name)s: %(message)s" if under_journal else "%(asctime)s %(levelname)s %(name)s: %(message)s"
-    logging.basicConfig(level=level.upper(), format=fmt, force=True)
