@@ -98,3 +98,51 @@ def _outbox_states(mnt) -> list[str]:
             conn.close()
     except sqlite3.Error:
         return []
+
+
+@pytest.mark.parametrize("tmpfs_mount", [2 * 2**20], indirect=True)
+def test_an_alert_delivered_while_its_outcome_cannot_be_written_is_not_sent_again(tmpfs_mount, http_receiver):
+    """A row queued before the disk filled is delivered; marking it delivered fails (full disk); the next
+    steps must not send it again, and the outcome is written once space returns."""
+    from trainguard import config as configmod
+    from trainguard.notify.worker import OutboxNotifier
+    from trainguard.records import AlertEvent, AlertStatus, Finding, Severity
+    from trainguard.store.state import StateDb
+    from trainguard.store.writes import WriteHealth
+
+    from tests.test_notify_delivery import FakeClock
+
+    clock = FakeClock()
+    db = StateDb(str(tmpfs_mount / "state"), check=False)
+    os.makedirs(db.state_dir)
+    writes = WriteHealth(db.path, clock.time)
+    notify = configmod.parse({"notify": {"targets": [{"name": "hook", "timeout": "2s",
+                                                      "url": f"json://127.0.0.1:{http_receiver.port}/h"}]}},
+                             "test").notify
+    notifier = OutboxNotifier(db, notify, "gpu-07", clock=clock, start=False, writes=writes)
+    worker = notifier.workers["hook"]
+    # The WAL is emptied (truncated), so marking the row delivered needs new space on the full disk.
+    f = Finding("fs.usage:/data", Severity.CRITICAL, "/data 99% full", details={"pad": "x" * 3000})
+    notifier.notify([AlertEvent(AlertStatus.FIRING, f, started_at=clock.now, ts=clock.now)])
+    conn = sqlite3.connect(db.path)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    fill(tmpfs_mount / "ballast", 64 * 2**20)
+    worker.step()
+    assert len(http_receiver.requests) == 1
+    if writes.problem() is None:
+        pytest.skip("SQLite found room for the update on the full tmpfs; nothing to hold back")
+    assert "deliveries" in writes.problem().parts
+    clock.advance_to(clock.now + 3600)
+    worker.step()
+    worker.step()
+    assert len(http_receiver.requests) == 1  # held back: delivered once, never again
+    os.unlink(tmpfs_mount / "ballast")
+    worker.step()
+    assert writes.problem() is None
+    conn = sqlite3.connect(db.path)
+    try:
+        assert conn.execute("SELECT state FROM outbox").fetchall() == [("delivered",)]
+    finally:
+        conn.close()
+    assert len(http_receiver.requests) == 1
