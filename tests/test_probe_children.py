@@ -88,3 +88,73 @@ def test_a_probe_the_kernel_will_not_let_go_is_named_with_the_way_to_end_it(tmp_
         slowfs.unblock("statfs")
     # Once the server answers, the child finishes: nothing of the command remains.
     wait_until(lambda: not os.path.exists(f"/proc/{match.group(1)}"), 10, what="the stuck probe to end")
+
+
+def test_a_non_root_run_does_not_alert_about_a_mount_it_may_not_read(tmp_path):
+    """A real permission denial: a tmpfs under a root-only directory, sampled by a child that dropped to
+    nobody. No fs.error / fs.path_missing alert; one info line saying why and what to do."""
+    from tests.support.mounts import root_reason
+
+    if reason := root_reason():
+        pytest.skip(reason)
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o700)
+    mnt = locked / "mnt"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True)
+    try:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: drop to nobody, sample, report what the detectors make of it
+            code = 1
+            try:
+                os.close(read)
+                code = _sample_as_nobody(str(mnt), write)
+            finally:
+                os._exit(code)
+        os.close(write)
+        with os.fdopen(read) as fh:
+            report = fh.read()
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, report
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+    keys, error, lines = report.split("\n", 2)
+    assert error == "Permission denied (errno 13)"
+    assert keys == "", f"alerted: {keys}"
+    assert lines.strip().splitlines() == [
+        f"cannot read the usage of {mnt} as uid 65534 (Permission denied (errno 13)): it is not watched and not "
+        "alerted; run trainguard as root to watch it, or add it to filesystems.exclude to silence this line"]
+
+
+def _sample_as_nobody(mnt: str, fd: int) -> int:
+    import io
+    import logging
+
+    from trainguard import config as configmod
+    from trainguard.clock import SystemClock
+    from trainguard.detectors import DetectorInput, evaluate
+    from trainguard.sources.fs import FsSampler
+    from trainguard.store.history import History
+
+    cfg = configmod.parse({"filesystems": {"exclude": ["*"], "paths": [mnt, f"{mnt}/ckpt"]},
+                           "gpu": {"enabled": False}}, "test")
+    captured = io.StringIO()
+    handler = logging.StreamHandler(captured)
+    logging.getLogger("trainguard.sources.fs").addHandler(handler)
+    logging.getLogger("trainguard.sources.fs").setLevel(logging.INFO)
+    os.setgroups([])
+    os.setgid(65534)
+    os.setuid(65534)
+    from trainguard.records import Snapshot
+
+    sampler = FsSampler(clock=SystemClock(), paths=cfg.filesystems.paths, exclude=cfg.filesystems.exclude)
+    for _ in range(3):  # said once, not every cycle
+        samples, missing = sampler.sample()
+    sampler.close()
+    (sample,) = [s for s in samples if s.mount.mount_point == mnt]
+    snapshot = Snapshot(ts=samples[0].ts, filesystems=tuple(samples), missing_paths=tuple(missing))
+    findings = evaluate(DetectorInput(cfg, History(None), snapshot, snapshot.ts, {}))
+    keys = ",".join(f.key for f in findings if mnt in f.key)
+    os.write(fd, f"{keys}\n{sample.error}\n{captured.getvalue()}".encode())
+    return 0

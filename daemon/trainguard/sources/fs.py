@@ -83,9 +83,20 @@ def thread_probe(statvfs: Callable[[str], os.statvfs_result] = os.statvfs,
             usage = usage_from_statvfs(statvfs(reach(mount.mount_point)))
         except OSError as exc:
             return _ProbeResult(None, _os_error(exc), ())
-        return _ProbeResult(usage, None, tuple(p for p in paths if not os.path.lexists(reach(p))))
+        return _ProbeResult(usage, None, tuple(p for p in paths if _missing(reach(p))))
 
     return probe
+
+
+def _missing(path: str) -> bool:
+    """The path does not exist. One we may not look at (a non-root run) is not called missing."""
+    try:
+        os.lstat(path)
+    except PermissionError:
+        return False
+    except OSError:
+        return True
+    return False
 
 
 # frsize, blocks, bfree, bavail, files, ffree, then the name as given (may contain spaces).
@@ -246,6 +257,7 @@ class FsSampler:
                             "can keep trainguard from exiting until it recovers")
         self._probes: dict[str, _Probe] = {}
         self._finished = threading.Condition()
+        self._told: set[str] = set()  # mounts we may not read, already said in the log
 
     def _reach(self, path: str) -> str:
         return mountinfo.host_path(self.host_root, path)
@@ -292,6 +304,11 @@ class FsSampler:
         missing: list[str] = []
         for probe in current.values():
             samples.append(self._sample_of(probe, now_mono, now_wall))
+            if samples[-1].permission_denied and probe.mount.mount_point not in self._told:
+                self._told.add(probe.mount.mount_point)
+                log.info("cannot read the usage of %s as uid %d (%s): it is not watched and not alerted; run "
+                         "trainguard as root to watch it, or add it to filesystems.exclude to silence this line",
+                         probe.mount.mount_point, os.geteuid(), samples[-1].error)
             if probe.last is not None and not probe.busy:
                 missing.extend(probe.last.missing)
         return samples, missing
