@@ -341,6 +341,18 @@ class OutboxNotifier:
             if stuck:
                 log.warning("notify targets still sending at shutdown: %s; their alerts stay in the outbox",
                             ", ".join(map(repr, stuck)))
+            self._save_spill()
+
+    def _save_spill(self) -> None:
+        """Alerts kept in memory (the database could not take them) go to the database now, or are named lost."""
+        if self.spill is None:
+            return
+        for name in [t.name for t in self.settings.targets if self.spill.holds(t.name)]:
+            if not self.writes.attempt("outbox", self.spill.move_rows, name, self.outbox):
+                pending = len(self.spill.expired(name, float("inf")))
+                if pending:
+                    log.error("target %r: %d undelivered alert(s) were kept in memory (the state database cannot "
+                              "be written) and are lost at this exit", name, pending)
 
     def _join(self, workers, timeout: float) -> None:
         deadline = time.monotonic() + timeout
