@@ -134,15 +134,29 @@ def test_run_without_any_config_runs_the_embedded_default(tmp_path):
         assert d.stop() == 0
 
 
-def test_state_dir_falls_back_with_a_warning(tmp_path):
+def test_the_configured_state_dir_falls_back_with_a_warning(tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    path = write_config(tmp_path, f"[general]\nstate_dir = {str(blocked / 'state')!r}\n"
+                                  f"[filesystems]\n{ONLY}paths = [{str(tmp_path)!r}]\n")
+    env = cli_env(XDG_STATE_HOME=str(tmp_path / "xdg"))
+    result = trainguard("run", "--once", "--config", str(path), env=env)
+    assert result.returncode == 0, result.stderr
+    assert f"state dir {blocked / 'state'} is not writable; using {tmp_path / 'xdg' / 'trainguard'}" in result.stderr
+    assert (tmp_path / "xdg" / "trainguard" / "state.db").exists()
+
+
+def test_an_explicit_state_dir_that_cannot_be_used_is_an_error_not_a_fallback(tmp_path):
     blocked = tmp_path / "file"
     blocked.write_text("not a directory")
     path = write_config(tmp_path, f"[filesystems]\n{ONLY}paths = [{str(tmp_path)!r}]\n")
     env = cli_env(XDG_STATE_HOME=str(tmp_path / "xdg"))
-    result = trainguard("run", "--once", "--config", str(path), "--state-dir", str(blocked / "state"), env=env)
-    assert result.returncode == 0, result.stderr
-    assert f"state dir {blocked / 'state'} is not writable; using {tmp_path / 'xdg' / 'trainguard'}" in result.stderr
-    assert (tmp_path / "xdg" / "trainguard" / "state.db").exists()
+    for argv in (["run", "--once"], ["run"]):
+        result = trainguard(*argv, "--config", str(path), "--state-dir", str(blocked / "state"), env=env)
+        assert result.returncode == 2, (argv, result.stderr)
+        assert result.stderr.splitlines() == [
+            f"trainguard: --state-dir {blocked / 'state'}: cannot use it as the state directory (Not a directory)"]
+    assert not (tmp_path / "xdg").exists()
 
 
 def test_a_corrupt_state_database_does_not_stop_the_daemon(tmp_path):

@@ -7,8 +7,9 @@ import time
 
 import pytest
 from trainguard.config import LogWatch
+from trainguard.alerts.lifecycle import Lifecycle
 from trainguard.detectors.gpu import detect_log_matches
-from trainguard.records import Snapshot
+from trainguard.records import AlertStatus, Snapshot
 from trainguard.sources.logwatch import FileTail, LogWatcher
 
 
@@ -72,7 +73,8 @@ def test_watcher_reads_new_files_matching_the_glob_from_their_start(tmp_path):
     (m,) = watcher.recent()
     assert m.path == str(run / "train.log") and m.pattern == "No space left on device"
     (finding,) = detect_log_matches([spec], Snapshot(ts=time.time(), log_matches=watcher.recent()))
-    assert finding.key == f"log.match:{run / 'train.log'}" and "No space left" in finding.summary
+    assert finding.key == f"log.match:{run / 'train.log'}#No space left on device"
+    assert "No space left" in finding.summary
 
 
 def test_matches_expire_after_hold(tmp_path):
@@ -152,3 +154,35 @@ def test_matcher_with_and_without_literal_prefixes_reports_each_line_once_in_ord
     assert m.lines(block) == [("Traceback (most recent call last):", "Traceback"),
                               ("nccl watchdog TIMEOUT", "(?i)nccl.*timeout"),
                               ("CUDA out of memory in Traceback", "Traceback")]
+
+
+def test_a_second_pattern_in_the_same_file_alerts_while_the_first_is_firing(tmp_path):
+    """ENOSPC while an OOM from the same train.log is held is a new fact: its own alert, not a silent update."""
+    now = [1000.0]
+    log = tmp_path / "train.log"
+    log.write_text("")
+    spec = LogWatch(paths=[str(log)])
+    watcher = LogWatcher([spec], clock=lambda: now[0], use_watchdog=False)
+    lifecycle = Lifecycle(None, repeat_interval=4 * 3600.0, keep_firing_for=0.0)
+
+    def cycle():
+        watcher.poll()
+        findings = detect_log_matches([spec], Snapshot(ts=now[0], log_matches=watcher.recent()))
+        return [(e.status, e.finding.details["pattern"]) for e in lifecycle.update(findings, now[0])]
+
+    append(log, "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB\n")
+    assert cycle() == [(AlertStatus.FIRING, "CUDA out of memory")]
+    now[0] += 60
+    append(log, "OSError: [Errno 28] No space left on device\n")
+    assert cycle() == [(AlertStatus.FIRING, "No space left on device")]
+    assert len(lifecycle.firing()) == 2
+
+
+def test_a_flood_of_one_pattern_does_not_push_out_another(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text("")
+    watcher = LogWatcher([LogWatch(paths=[str(log)])], use_watchdog=False)
+    append(log, "OSError: [Errno 28] No space left on device\n"
+           + "RuntimeError: CUDA out of memory\n" * 1000)
+    watcher.poll()
+    assert {m.pattern for m in watcher.recent()} == {"No space left on device", "CUDA out of memory"}

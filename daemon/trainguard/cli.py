@@ -39,13 +39,36 @@ def _load(args: argparse.Namespace) -> configmod.Loaded | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from trainguard.service.daemon import Daemon, setup_logging
+    from trainguard.service.daemon import Daemon
+    from trainguard.service.logging_setup import setup_logging
+    from trainguard.store.lock import LockHeld, StateLock
+    from trainguard.store.state import StateDirError, choose_state_dir
 
     loaded = _load(args)
     if loaded is None:
         return EXIT_CONFIG
-    setup_logging(loaded.config.general.log_level)
-    daemon = Daemon(loaded, state_dir=args.state_dir)
+    try:
+        setup_logging(loaded.config.general.log_level, getattr(args, "log_file", None))
+    except OSError as exc:
+        print(f"trainguard: --log-file {args.log_file}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        state_dir = choose_state_dir(args.state_dir or loaded.config.general.state_dir,
+                                     explicit=bool(args.state_dir))
+        lock = StateLock(state_dir)
+        lock.acquire()
+    except (StateDirError, LockHeld) as exc:
+        print(f"trainguard: {exc}", file=sys.stderr)
+        if getattr(args, "log_file", None):
+            log.error("%s", exc)
+        return EXIT_CONFIG
+    try:
+        return _run_locked(args, loaded, Daemon(loaded, state_dir=state_dir, one_shot=args.once))
+    finally:
+        lock.release()
+
+
+def _run_locked(args: argparse.Namespace, loaded: configmod.Loaded, daemon) -> int:
     if args.once:
         # One cycle must see a hung mount: wait for slow probes up to the timeout, as `status` does.
         daemon.samplers.fs.wait = loaded.config.filesystems.probe_timeout
@@ -57,8 +80,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"no findings on {len(result.snapshot.filesystems)} filesystems")
         return EXIT_CRITICAL if any(f.severity.value == "critical" for f in result.findings) else EXIT_OK
     daemon.install_signal_handlers()
-    log.info("trainguard %s started: config %s, state %s, interval %gs",
-             __version__, loaded.source, daemon.state_dir, loaded.config.general.interval)
+    log.info("trainguard %s started: config %s, state %s, interval %gs, pid %d",
+             __version__, loaded.source, daemon.state_dir, loaded.config.general.interval, os.getpid())
     daemon.run()
     log.info("stopped")
     return EXIT_OK
@@ -151,7 +174,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 def cmd_cleanup(args: argparse.Namespace) -> int:
     from trainguard.actions.audit import AuditLog
     from trainguard.actions.cleanup import CleanupRunner, Item, describe
-    from trainguard.store.state import StateDb, choose_state_dir
+    from trainguard.store.state import StateDb, StateDirError, choose_state_dir
     from trainguard.units import format_bytes, format_duration
 
     loaded = _load(args)
@@ -176,7 +199,12 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
             return EXIT_OK
     audit = None
     if not args.dry_run:
-        db = StateDb(choose_state_dir(args.state_dir or loaded.config.general.state_dir))
+        try:
+            db = StateDb(choose_state_dir(args.state_dir or loaded.config.general.state_dir,
+                                          explicit=bool(args.state_dir)))
+        except StateDirError as exc:
+            print(f"trainguard: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
         audit = AuditLog(db.connect())
     runner = CleanupRunner(chosen, audit=audit, proc_root=loaded.config.general.proc_root)
     verb = "would delete" if args.dry_run else "deleted"
@@ -309,6 +337,9 @@ def build_parser() -> argparse.ArgumentParser:
         _add_common(p, argparse.SUPPRESS)
     parsers["run"].add_argument("--once", action="store_true",
                                 help="one full cycle, print the findings, exit 1 if any is critical")
+    parsers["run"].add_argument("--log-file", metavar="PATH",
+                                help="log to this file instead of stderr, rotated at 10 MiB (3 old files kept); "
+                                     "for containers without systemd")
     parsers["status"].add_argument("--json", action="store_true", help="one JSON document (schema in README)")
     parsers["check-config"].add_argument("path", nargs="?", help="config file to check")
     parsers["check-config"].add_argument("--json", action="store_true",

@@ -66,6 +66,11 @@ class FsSample:
     unresponsive_since: float | None = None  # wall time the current stuck probe started
     error: str | None = None  # statvfs error (EACCES, ESTALE, ...) when it answered with one
 
+    @property
+    def permission_denied(self) -> bool:
+        """statvfs refused for lack of permission (a non-root run): a fact about us, not about the mount."""
+        return self.error is not None and self.error.endswith(("(errno 13)", "(errno 1)"))
+
 
 @dataclass(frozen=True, slots=True)
 class DiskIo:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Iterable, Mapping
 
 from trainguard.records import AlertEvent, AlertStatus, Finding, Severity
+from trainguard.store.writes import WriteHealth
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS alerts (
@@ -73,8 +74,10 @@ def finding_from_json(text: str) -> Finding:
 
 
 class Lifecycle:
-    def __init__(self, conn: sqlite3.Connection | None, *, repeat_interval: float, keep_firing_for: float):
+    def __init__(self, conn: sqlite3.Connection | None, *, repeat_interval: float, keep_firing_for: float,
+                 writes: WriteHealth | None = None):
         self.conn = conn
+        self.writes = writes  # None: a failed write raises
         self.repeat_interval = repeat_interval
         self.keep_firing_for = keep_firing_for
         self.states: dict[str, AlertState] = {}
@@ -150,8 +153,13 @@ class Lifecycle:
                 new_states[key] = replace(old, missing_since=missing_since)
         self.states = new_states
         if new_states != self._stored:  # the usual cycle (nothing active, nothing changed) writes nothing
-            self._save()
-            self._stored = new_states
+            # A state db that cannot be written (full disk) keeps the states in memory: the events still go
+            # out, and the next cycle tries the write again.
+            if self.writes is None:
+                self._save()
+                self._stored = new_states
+            elif self.writes.attempt("alerts", self._save):
+                self._stored = new_states
         return events
 
     def _shift(self, delta: float) -> None:

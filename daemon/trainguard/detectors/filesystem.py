@@ -61,6 +61,8 @@ def detect(inp) -> list[Finding]:
                 labels=labels, value=stuck, hint=HINT_UNRESPONSIVE,
             ))
             continue
+        if sample.permission_denied:
+            continue  # a non-root run cannot read it: said once in the log, never alerted
         if sample.error:
             findings.append(Finding(
                 key=f"fs.error:{mp}", severity=Severity.WARNING,

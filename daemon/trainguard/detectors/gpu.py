@@ -220,29 +220,37 @@ def detect_throttle(cfg: GpuConfig, points: Points, snapshot: Snapshot, now: flo
 
 
 def detect_log_matches(logs: Iterable[LogWatch], snapshot: Snapshot) -> list[Finding]:
-    """One finding per log file with recent matching lines (the watcher keeps them for `hold`)."""
-    by_path: dict[str, list[LogMatch]] = {}
+    """One finding per (log file, pattern) with recent matching lines (the watcher keeps them for `hold`).
+
+    Keyed per pattern, not per file: while an out-of-memory alert from train.log is active, a
+    "No space left on device" in the same file is a new fact and gets its own alert."""
+    by_key: dict[tuple[str, str], list[LogMatch]] = {}
     for match in snapshot.log_matches:
-        by_path.setdefault(match.path, []).append(match)
+        by_key.setdefault((match.path, match.pattern), []).append(match)
     rules = list(logs)
     findings = []
-    for path, matches in sorted(by_path.items()):
+    for (path, pattern), matches in sorted(by_key.items()):
         severity = Severity.WARNING
         for rule in rules:
             if any(fnmatch.fnmatchcase(path, glob) for glob in rule.paths) and rule.severity == "critical":
                 severity = Severity.CRITICAL
         last = matches[-1]
         findings.append(Finding(
-            key=f"log.match:{path}",
+            key=log_match_key(path, pattern),
             severity=severity,
             summary=f"{path}: {last.line.strip()[:200]}",
-            details={"file": path, "count": len(matches),
+            details={"file": path, "pattern": pattern, "count": len(matches),
                      "lines": [{"line": m.line[:500], "pattern": m.pattern, "ts": m.ts} for m in matches[-10:]]},
-            labels={"file": path},
+            labels={"file": path, "pattern": pattern},
             value=float(len(matches)),
-            hint=_log_hint(last.pattern),
+            hint=_log_hint(pattern),
         ))
     return findings
+
+
+def log_match_key(path: str, pattern: str) -> str:
+    """The alert key of one pattern's matches in one file."""
+    return f"log.match:{path}#{pattern}"
 
 
 def _log_hint(pattern: str) -> str:

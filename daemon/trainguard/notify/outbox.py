@@ -6,14 +6,19 @@ pending until apprise reports success (delivered) or it is older than max_age
 bounded: past max_pending, the oldest of the least severe rows are dropped, counted
 and logged, so a target that is down for days cannot fill the disk. The row's time
 fields are wall-clock times, so a restart resumes exactly where it stopped.
+
+When the state database cannot be written (its disk is full), new rows go to an outbox of
+the same shape in memory (memory_outbox()); the target workers deliver from both and move
+the memory rows back to the database as soon as it accepts them.
 """
 
 from __future__ import annotations
 
 import logging
 import sqlite3
+import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Collection, Iterable, Sequence
 
 from trainguard.alerts.lifecycle import finding_from_json, finding_to_json
 from trainguard.records import AlertEvent, AlertStatus
@@ -125,22 +130,46 @@ class Outbox:
             self.conn.execute("BEGIN IMMEDIATE")
             self._count(f"{FAILED_PREFIX}{target}", 1)
 
-    def due(self, target: str, now: float, limit: int, created_upto: float | None = None) -> list[Entry]:
-        """The oldest due rows of one target, all for the same host (one message)."""
+    def due(self, target: str, now: float, limit: int, created_upto: float | None = None,
+            exclude: Collection[int] = ()) -> list[Entry]:
+        """The oldest due rows of one target, all for the same host (one message); `exclude`: ids whose
+        outcome is known but could not be written yet."""
         upto = now if created_upto is None else created_upto
+        skip = _not_in(exclude)
         first = self.conn.execute(
-            "SELECT host FROM outbox WHERE state = ? AND target = ? AND next_try <= ? AND created <= ? "
+            f"SELECT host FROM outbox WHERE state = ? AND target = ? AND next_try <= ? AND created <= ?{skip} "
             "ORDER BY id LIMIT 1", (PENDING, target, now, upto)).fetchone()
         if first is None:
             return []
         rows = self.conn.execute(
             "SELECT id, target, host, created, status, started_at, ts, repeat, finding, attempts, next_try, "
-            "last_error FROM outbox WHERE state = ? AND target = ? AND host = ? AND next_try <= ? AND created <= ? "
-            "ORDER BY id LIMIT ?", (PENDING, target, first[0], now, upto, limit)).fetchall()
+            f"last_error FROM outbox WHERE state = ? AND target = ? AND host = ? AND next_try <= ? AND created <= ?"
+            f"{skip} ORDER BY id LIMIT ?", (PENDING, target, first[0], now, upto, limit)).fetchall()
         return [_entry(r) for r in rows]
 
-    def next_due(self, target: str) -> float | None:
-        (value,) = self.conn.execute("SELECT MIN(next_try) FROM outbox WHERE state = ? AND target = ?",
+    def move_rows(self, target: str, into: "Outbox") -> int:
+        """Move this outbox's rows of one target (pending and done) into another (memory -> database),
+        keeping their states, times and attempts. Raises, moving nothing, when `into` cannot be written."""
+        columns = ("target, host, severity, created, status, started_at, ts, repeat, finding, state, attempts, "
+                   "next_try, last_error, done_at")
+        rows = self.conn.execute(f"SELECT id, {columns} FROM outbox WHERE target = ? ORDER BY id",
+                                 (target,)).fetchall()
+        if not rows:
+            return 0
+        with into.conn:
+            into.conn.execute("BEGIN IMMEDIATE")
+            into.conn.executemany(f"INSERT INTO outbox ({columns}) VALUES ({','.join('?' * 14)})",
+                                  [r[1:] for r in rows])
+        with self.conn:
+            self.conn.executemany("DELETE FROM outbox WHERE id = ?", [(r[0],) for r in rows])
+        return len(rows)
+
+    def holds(self, target: str) -> bool:
+        return self.conn.execute("SELECT 1 FROM outbox WHERE target = ? LIMIT 1", (target,)).fetchone() is not None
+
+    def next_due(self, target: str, exclude: Collection[int] = ()) -> float | None:
+        skip = _not_in(exclude)
+        (value,) = self.conn.execute(f"SELECT MIN(next_try) FROM outbox WHERE state = ? AND target = ?{skip}",
                                      (PENDING, target)).fetchone()
         return value
 
@@ -183,6 +212,70 @@ class Outbox:
         with self.conn:
             self.conn.execute("DELETE FROM outbox WHERE (state = 'delivered' AND done_at < ?) "
                               "OR (state = 'failed' AND done_at < ?)", (now - KEEP_DELIVERED, now - KEEP_FAILED))
+
+
+class _Shared:
+    """One in-memory connection used by several threads: each statement and each `with` block runs alone."""
+
+    def __init__(self, conn: sqlite3.Connection):
+        self._conn = conn
+        self._lock = threading.RLock()
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> "_Result":
+        with self._lock:
+            cur = self._conn.execute(sql, params)
+            return _Result(cur.fetchall(), cur.rowcount)
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> "_Result":
+        with self._lock:
+            cur = self._conn.executemany(sql, rows)
+            return _Result([], cur.rowcount)
+
+    def executescript(self, script: str) -> None:
+        with self._lock:
+            self._conn.executescript(script)
+
+    def __enter__(self) -> "_Shared":
+        self._lock.acquire()
+        self._conn.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self._conn.__exit__(*exc)
+        finally:
+            self._lock.release()
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+
+@dataclass
+class _Result:
+    rows: list[tuple[Any, ...]]
+    rowcount: int
+
+    def fetchone(self) -> tuple[Any, ...] | None:
+        return self.rows[0] if self.rows else None
+
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        return self.rows
+
+    def __iter__(self):
+        return iter(self.rows)
+
+
+def memory_outbox() -> Outbox:
+    """An outbox in memory, for the alerts that cannot be written to the state database; every thread
+    may use the returned object."""
+    conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+    return Outbox(_Shared(conn))  # type: ignore[arg-type]
+
+
+def _not_in(ids: Collection[int]) -> str:
+    """An SQL condition leaving out these row ids (integers only, so it is safe to inline)."""
+    return f" AND id NOT IN ({','.join(str(int(i)) for i in ids)})" if ids else ""
 
 
 def _entry(r: tuple[Any, ...]) -> Entry:

@@ -35,6 +35,7 @@ from trainguard.sources.samplers import Samplers
 from trainguard.store.heartbeat import Heartbeat
 from trainguard.store.history import History
 from trainguard.store.state import StateDb, choose_state_dir
+from trainguard.store.writes import WriteHealth, unwritable_finding
 from trainguard.surfaces.exporter import MetricsServer, Readings
 
 if TYPE_CHECKING:
@@ -88,15 +89,18 @@ class Daemon:
     notifiers: Sequence[Notifier] | None = None
     nvml: object = None  # the pynvml module; None: the installed one
     sd: SdNotifier = field(default_factory=SdNotifier)
+    one_shot: bool = False  # `run --once`: no heartbeat, so `health` never mistakes it for a daemon
 
     def __post_init__(self) -> None:
         cfg = self.config
         self.state_dir = choose_state_dir(self.state_dir or cfg.general.state_dir)
         self.db = StateDb(self.state_dir)
+        # A state db that cannot be written (its disk is full) degrades the cycle, never stops it.
+        self.writes = WriteHealth(self.db.path, self.clock.time)
         now = self.clock.time()
         self.history = History.from_config(self.db.connect(), cfg, now)
         self.lifecycle = Lifecycle(self.db.connect(), repeat_interval=cfg.alerts.repeat_interval,
-                                   keep_firing_for=cfg.alerts.keep_firing_for)
+                                   keep_firing_for=cfg.alerts.keep_firing_for, writes=self.writes)
         self.heartbeat = Heartbeat(self.db.connect(), os.getpid())
         self.samplers = Samplers.from_config(cfg, self.clock, nvml=self.nvml, follow_logs=True)
         self.diagnoser = self._make_diagnoser(cfg)
@@ -126,9 +130,12 @@ class Daemon:
         snapshot = self.samplers.sample(now)
         if self.cleanup is not None:
             self.cleanup.submit(snapshot)  # never blocks: the worker thread decides and scans
-        self.history.record(now, series_of(snapshot))
+        self.writes.attempt("history", self.history.record, now, series_of(snapshot))
         inp = DetectorInput(self.config, self.history, snapshot, now, self.lifecycle.active)
         findings = evaluate(inp)
+        problem = self.writes.problem()
+        if problem is not None:
+            findings.append(unwritable_finding(problem, self.state_dir, now))
         self.diagnoser.observe(snapshot)
         findings = self.diagnoser.enrich(findings, snapshot, now)
         events = self._with_cleanup(self.lifecycle.update(findings, now), now)
@@ -138,12 +145,13 @@ class Daemon:
             except Exception:  # one broken notifier must not stop the others or the loop
                 log.exception("notifier %s failed", type(notifier).__name__)
         if self.clock.monotonic() - self._last_compact >= COMPACT_EVERY:
-            self.history.compact(now)
+            self.writes.attempt("history", self.history.compact, now)  # on a full disk: next hour, not next cycle
             self._last_compact = self.clock.monotonic()
         duration = self.clock.monotonic() - started
         self.latest = CycleResult(snapshot, tuple(findings), tuple(events), duration, fill_etas(inp))
         self.readings = self._readings(self.latest, now)
-        self.heartbeat.beat(self.readings.ts, self.status_line())
+        if not self.one_shot:
+            self.writes.attempt("heartbeat", self.heartbeat.beat, self.readings.ts, self.status_line())
         return self.latest
 
     def _make_diagnoser(self, cfg: configmod.Config) -> StallDiagnoser:
@@ -264,7 +272,8 @@ class Daemon:
         if outbox is not None:
             outbox.configure(cfg.notify, cfg.general.host)
         elif cfg.notify.targets:
-            self.notifiers.append(OutboxNotifier(self.db, cfg.notify, cfg.general.host, clock=self.clock))
+            self.notifiers.append(OutboxNotifier(self.db, cfg.notify, cfg.general.host, clock=self.clock,
+                                                 writes=self.writes))
 
     def run(self) -> None:
         """Cycle every interval until stop_event is set. Ticks are on the monotonic clock."""
@@ -342,9 +351,3 @@ class Daemon:
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGHUP, reload)
 
-
-def setup_logging(level: str = "info") -> None:
-    """One line per event on stderr; under systemd the journal adds time and host itself."""
-    under_journal = bool(os.environ.get("JOURNAL_STREAM"))
-    fmt = "%(levelname)s %(name)s: %(message)s" if under_journal else "%(asctime)s %(levelname)s %(name)s: %(message)s"
-    logging.basicConfig(level=level.upper(), format=fmt, force=True)

@@ -14,6 +14,13 @@ wait it out even through SIGKILL, and a process cannot finish exiting while one
 of its threads waits: a `trainguard status` or a daemon stopping would hang with
 the mount. A stuck child is left behind instead, and ends when the kernel lets it.
 Local filesystems answer statfs from memory and are probed in the thread.
+
+Probe children are tracked by PID. close() (every command calls it on its way out)
+SIGKILLs and reaps the ones still running, so no command leaves a child behind on a
+hung mount: an NFS wait and a FUSE request its server has not taken yet (a stopped or
+saturated server) end on SIGKILL. A FUSE request the server has already taken cannot
+be interrupted by anyone; such a child is named in the log with the way to end it
+(the server answering or dying, or aborting the connection in /sys/fs/fuse/connections).
 """
 
 from __future__ import annotations
@@ -22,8 +29,10 @@ import errno
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -73,9 +82,20 @@ def thread_probe(statvfs: Callable[[str], os.statvfs_result] = os.statvfs,
             usage = usage_from_statvfs(statvfs(reach(mount.mount_point)))
         except OSError as exc:
             return _ProbeResult(None, _os_error(exc), ())
-        return _ProbeResult(usage, None, tuple(p for p in paths if not os.path.lexists(reach(p))))
+        return _ProbeResult(usage, None, tuple(p for p in paths if _missing(reach(p))))
 
     return probe
+
+
+def _missing(path: str) -> bool:
+    """The path does not exist. One we may not look at (a non-root run) is not called missing."""
+    try:
+        os.lstat(path)
+    except PermissionError:
+        return False
+    except OSError:
+        return True
+    return False
 
 
 # frsize, blocks, bfree, bavail, files, ffree, then the name as given (may contain spaces).
@@ -83,19 +103,65 @@ STAT_FORMAT = "%S %b %f %a %c %d %n"
 _ERRNO_OF_MESSAGE = {os.strerror(code): code for code in errno.errorcode}
 
 
-def child_probe(stat: str, reach: Callable[[str], str] = _as_is) -> ProbeFn:
+class Children:
+    """The probe children still running, by PID, so that a command can end them on its way out."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: dict[int, tuple[subprocess.Popen, Mount]] = {}
+
+    def run(self, argv: Sequence[str], mount: Mount) -> tuple[bytes, bytes, int]:
+        """argv's (stdout, stderr, exit status), the child tracked while it runs."""
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                close_fds=True)
+        with self._lock:
+            self._running[proc.pid] = (proc, mount)
+        try:
+            out, err = proc.communicate()
+        finally:
+            with self._lock:
+                self._running.pop(proc.pid, None)
+        return out, err, proc.returncode
+
+    @property
+    def pids(self) -> list[int]:
+        with self._lock:
+            return sorted(self._running)
+
+    def end_all(self, wait: float = 1.0) -> list[tuple[int, Mount]]:
+        """SIGKILL every running child and reap it; returns (pid, mount) of those that the kernel keeps
+        (a FUSE request its server has taken and not answered)."""
+        with self._lock:
+            running = list(self._running.values())
+        for proc, _ in running:
+            try:
+                proc.send_signal(signal.SIGKILL)
+            except OSError:
+                pass
+        deadline = time.monotonic() + wait
+        stuck = []
+        for proc, mount in running:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                stuck.append((proc.pid, mount))
+        return stuck
+
+
+def child_probe(stat: str, reach: Callable[[str], str] = _as_is, children: Children | None = None) -> ProbeFn:
     """statfs of the mount point and of each path in a `stat -f` child: if the mount hangs, the child
     hangs, and this process stays free to exit. A path is missing when stat could not reach it."""
+    children = children if children is not None else Children()
 
     def probe(mount: Mount, paths: Sequence[str]) -> _ProbeResult:
         here = reach(mount.mount_point)
         try:
-            done = subprocess.run([stat, "-f", "-c", STAT_FORMAT, "--", here, *(reach(p) for p in paths)],
-                                  stdin=subprocess.DEVNULL, capture_output=True, close_fds=True)
+            stdout, stderr, returncode = children.run(
+                [stat, "-f", "-c", STAT_FORMAT, "--", here, *(reach(p) for p in paths)], mount)
         except OSError as exc:
             return _ProbeResult(None, f"cannot run {stat}: {_os_error(exc)}", ())
         answered: dict[str, FsUsage] = {}
-        for line in done.stdout.decode("utf-8", "surrogateescape").splitlines():
+        for line in stdout.decode("utf-8", "surrogateescape").splitlines():
             fields = line.split(" ", 6)
             try:
                 frsize, blocks, bfree, bavail, files, ffree = (int(x) for x in fields[:6])
@@ -106,8 +172,8 @@ def child_probe(stat: str, reach: Callable[[str], str] = _as_is) -> ProbeFn:
         usage = answered.get(here)
         if usage is None:
             # "stat: cannot read file system information for '/x': Transport endpoint is not connected"
-            message = done.stderr.decode("utf-8", "replace").strip().splitlines()
-            reason = message[0].rsplit(": ", 1)[-1] if message else f"stat exited {done.returncode}"
+            message = stderr.decode("utf-8", "replace").strip().splitlines()
+            reason = message[0].rsplit(": ", 1)[-1] if message else f"stat exited {returncode}"
             code = _ERRNO_OF_MESSAGE.get(reason)
             return _ProbeResult(None, f"{reason} (errno {code})" if code else reason, ())
         return _ProbeResult(usage, None, tuple(p for p in paths if reach(p) not in answered))
@@ -179,15 +245,17 @@ class FsSampler:
         self.read_mounts = read_mounts
         self._local_probe = thread_probe(statvfs or os.statvfs, self._reach)
         self._remote_probe = self._local_probe
+        self.children = Children()
         if statvfs is None:
             stat = shutil.which("stat")
             if stat:
-                self._remote_probe = child_probe(stat, self._reach)
+                self._remote_probe = child_probe(stat, self._reach, self.children)
             else:
                 log.warning("no `stat` command (coreutils or busybox): a hung network or FUSE mount "
                             "can keep trainguard from exiting until it recovers")
         self._probes: dict[str, _Probe] = {}
         self._finished = threading.Condition()
+        self._told: set[str] = set()  # mounts we may not read, already said in the log
 
     def _reach(self, path: str) -> str:
         return mountinfo.host_path(self.host_root, path)
@@ -234,6 +302,11 @@ class FsSampler:
         missing: list[str] = []
         for probe in current.values():
             samples.append(self._sample_of(probe, now_mono, now_wall))
+            if samples[-1].permission_denied and probe.mount.mount_point not in self._told:
+                self._told.add(probe.mount.mount_point)
+                log.info("cannot read the usage of %s as uid %d (%s): it is not watched and not alerted; run "
+                         "trainguard as root to watch it, or add it to filesystems.exclude to silence this line",
+                         probe.mount.mount_point, os.geteuid(), samples[-1].error)
             if probe.last is not None and not probe.busy:
                 missing.extend(probe.last.missing)
         return samples, missing
@@ -248,3 +321,14 @@ class FsSampler:
             # First probe still running but not yet past the timeout: nothing known yet.
             return FsSample(probe.mount, wall, None)
         return FsSample(probe.mount, wall, last.usage, error=last.error)
+
+    def close(self) -> None:
+        """End the probe children still running (a hung mount's): nothing is left behind when we exit."""
+        for pid, mount in self.children.end_all():
+            if mount.fstype.startswith("fuse"):
+                how = ("its FUSE server took the request and has not answered, so not even SIGKILL ends it; it "
+                       "exits when the server answers or stops, or when the connection is aborted (echo 1 > "
+                       f"/sys/fs/fuse/connections/{mount.minor}/abort; the mount then fails until remounted)")
+            else:
+                how = "it exits when the server answers or the mount is unmounted (umount -f -l)"
+            log.warning("statfs probe (PID %d) on %s is stuck in the kernel: %s", pid, mount.mount_point, how)

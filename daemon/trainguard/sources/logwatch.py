@@ -35,7 +35,7 @@ log = logging.getLogger("trainguard.logs")
 
 CHUNK = 1 << 20
 MAX_LINE = 1 << 20  # a "line" longer than this is cut, so a binary file cannot eat memory
-MAX_KEPT = 200  # matches kept per file
+MAX_KEPT = 200  # matches kept per (file, pattern): a flood of one pattern cannot push out another
 
 
 class FileTail:
@@ -186,8 +186,8 @@ class LogWatcher:
         self.proc_root = proc_root
         self.use_watchdog = use_watchdog
         self._watches = [_Watch(s, Matcher(s.patterns), {}) for s in specs]
-        self._matches: dict[str, collections.deque[LogMatch]] = {}
-        self._hold: dict[str, float] = {}
+        self._matches: dict[tuple[str, str], collections.deque[LogMatch]] = {}  # (path, pattern) -> matches
+        self._hold: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -229,17 +229,18 @@ class LogWatcher:
                 if found:
                     new += len(found)
                     with self._lock:
-                        kept = self._matches.setdefault(path, collections.deque(maxlen=MAX_KEPT))
-                        kept.extend(found)
-                        self._hold[path] = w.spec.hold
+                        for match in found:
+                            key = (path, match.pattern)
+                            self._matches.setdefault(key, collections.deque(maxlen=MAX_KEPT)).append(match)
+                            self._hold[key] = w.spec.hold
         return new
 
     def recent(self, now: float | None = None) -> tuple[LogMatch, ...]:
         now = self.clock() if now is None else now
         with self._lock:
             out = []
-            for path, kept in self._matches.items():
-                hold = self._hold.get(path, 1800.0)
+            for key, kept in self._matches.items():
+                hold = self._hold.get(key, 1800.0)
                 while kept and kept[0].ts < now - hold:
                     kept.popleft()
                 out.extend(kept)

@@ -56,6 +56,7 @@ class Samplers:
                         log_matches=self.logs.recent(now) if self.logs is not None else ())
 
     def close(self) -> None:
+        self.fs.close()
         if self.gpu is not None:
             self.gpu.close()
         if self.logs is not None:

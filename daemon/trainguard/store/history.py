@@ -191,12 +191,18 @@ class History:
             self._add(name, ts, value)
         if self.conn is None or not present:
             return
-        with self.conn:
-            self.conn.execute("BEGIN")
-            self.conn.executemany(
-                "INSERT OR REPLACE INTO samples(series_id, ts, value) VALUES (?, ?, ?)",
-                [(self._id(n), ts, v) for n, v in present],
-            )
+        try:
+            with self.conn:
+                self.conn.execute("BEGIN")
+                self.conn.executemany(
+                    "INSERT OR REPLACE INTO samples(series_id, ts, value) VALUES (?, ?, ?)",
+                    [(self._id(n), ts, v) for n, v in present],
+                )
+        except sqlite3.Error:
+            # Rolled back (a full disk): ids of series inserted in this transaction no longer exist.
+            # The points stay in memory, so detection goes on; only their copy on disk is missing.
+            self._ids.clear()
+            raise
 
     def points(self, name: str, since: float) -> list[tuple[float, float]]:
         series = self._series.get(name)

@@ -27,17 +27,34 @@ def fallback_state_dir() -> str:
     return os.path.join(base, "trainguard")
 
 
-def usable_dir(path: str) -> bool:
+class StateDirError(Exception):
+    """An explicitly given state directory that cannot be used."""
+
+
+def _unusable(path: str) -> str | None:
+    """Why path cannot hold the state database, or None when it can."""
     try:
         Path(path).mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return False
-    return os.access(path, os.W_OK | os.X_OK)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    if not os.access(path, os.W_OK | os.X_OK):
+        return "not writable by this user"
+    return None
 
 
-def choose_state_dir(configured: str) -> str:
-    if usable_dir(configured):
+def usable_dir(path: str) -> bool:
+    return _unusable(path) is None
+
+
+def choose_state_dir(configured: str, *, explicit: bool = False) -> str:
+    """The state directory to write to. The implicit one (general.state_dir) falls back to
+    $XDG_STATE_HOME/trainguard, then /tmp/trainguard-UID, with a warning; an explicit one
+    (--state-dir) that cannot be used raises StateDirError: the user asked for that place."""
+    why = _unusable(configured)
+    if why is None:
         return configured
+    if explicit:
+        raise StateDirError(f"--state-dir {configured}: cannot use it as the state directory ({why})")
     fallback = fallback_state_dir()
     if not usable_dir(fallback):
         fallback = os.path.join(tempfile.gettempdir(), f"trainguard-{os.getuid()}")

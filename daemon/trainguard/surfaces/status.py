@@ -18,7 +18,7 @@ from trainguard.detectors.series import series_of
 from trainguard.diagnosis.stall import StallDiagnoser
 from trainguard.records import Finding, FsSample, GpuSample, Severity, Snapshot
 from trainguard.sources.samplers import Samplers
-from trainguard.store import state
+from trainguard.store import heartbeat, state
 from trainguard.store.history import History
 from trainguard.units import format_bytes, format_duration, format_iso_utc, format_ratio
 
@@ -106,9 +106,11 @@ def build(cfg: configmod.Config, *, state_dir: str | None = None, clock: Clock |
     clock = clock or SystemClock()
     state_dir = state_dir or cfg.general.state_dir
     conn = state.read_only(state_dir)
-    if conn is None and state_dir == cfg.general.state_dir:
-        conn = state.read_only(state.fallback_state_dir())
+    if conn is None and state_dir == cfg.general.state_dir and state.read_only(state.fallback_state_dir()):
+        state_dir = state.fallback_state_dir()  # where a daemon without access to the configured dir writes
+        conn = state.read_only(state_dir)
     now = clock.time()
+    daemon = daemon_doc(heartbeat.read(state_dir, conn), state_dir, now)
     history = History.from_config(None, cfg, now)
     alert_states: list[alerts.AlertState] = []
     if conn is not None:
@@ -132,6 +134,7 @@ def build(cfg: configmod.Config, *, state_dir: str | None = None, clock: Clock |
         "host": cfg.general.host,
         "generated_at": format_iso_utc(now),
         "daemon_state": conn is not None,
+        "daemon": daemon,
         "filesystems": [filesystem_doc(s, inp, findings) for s in snapshot.filesystems],
         "missing_paths": list(snapshot.missing_paths),
         "gpu_status": gpu_status_doc(snapshot),
@@ -152,6 +155,23 @@ def build(cfg: configmod.Config, *, state_dir: str | None = None, clock: Clock |
     if conn is not None:
         conn.close()
     return doc
+
+
+def daemon_doc(info: heartbeat.DaemonInfo, state_dir: str, now: float) -> dict[str, Any]:
+    """Whether a daemon runs on this state directory (its lock), its PID and how old its last cycle is."""
+    return {"running": info.running, "pid": info.pid, "state_dir": state_dir,
+            "last_cycle_at": format_iso_utc(info.last_cycle),
+            "last_cycle_age_seconds": round(now - info.last_cycle, 1) if info.last_cycle is not None else None,
+            "status": info.status}
+
+
+def daemon_line(d: dict[str, Any]) -> str:
+    age = format_duration(d["last_cycle_age_seconds"]) if d["last_cycle_age_seconds"] is not None else None
+    if d["running"]:
+        return f"Daemon: running, PID {d['pid']}" + (f", last cycle {age} ago" if age else ", no cycle completed yet")
+    if d["last_cycle_at"] is not None:
+        return f"Daemon: not running (PID {d['pid']} stopped; its last cycle was {age} ago, at {d['last_cycle_at']})"
+    return "Daemon: not running (start it with `trainguard run`)"
 
 
 def outbox_doc(conn, cfg: configmod.Config, now: float) -> dict[str, Any]:
@@ -220,8 +240,12 @@ def render(doc: dict[str, Any]) -> str:
         out.extend(f"  {c['policy']}: {format_bytes(c['freed_bytes_24h'])} / {format_bytes(c['freed_bytes_total'])}"
                    f" ({c['freed_files_total']} files, last run {c['last_run']})" for c in doc["cleanup"])
     firing = [a for a in doc["alerts"] if a["state"] == "firing"]
-    if firing:
-        out.append("Alerts firing (daemon):")
+    out.append(daemon_line(doc["daemon"]))
+    if firing and doc["daemon"]["running"]:
+        out.append(f"Alerts firing (daemon, PID {doc['daemon']['pid']}):")
+        out.extend(f"  [{a['severity'].upper()}] {a['summary']} since {a['firing_since']}" for a in firing)
+    elif firing:
+        out.append(f"Alerts that were firing when the daemon stopped (last cycle {doc['daemon']['last_cycle_at']}):")
         out.extend(f"  [{a['severity'].upper()}] {a['summary']} since {a['firing_since']}" for a in firing)
     box = doc.get("outbox")
     if box and (box["targets"] or box["pending"] or box["dropped"]):
