@@ -1,0 +1,226 @@
+"""The copier: a child process that writes files to the share; `python -m trainguard.actions.mirror.copier`.
+
+It reads one JSON job list on stdin and reports on stdout, one JSON line per event, before every
+operation on the share that may block ("op") and after every step that moved ("bytes", "done"), so
+its supervisor can tell a hung share from a slow one and kill it. Standard library only: it starts fast.
+
+A file is copied to `.<name>.trainguard-tmp-<random>` in its destination directory, given the
+source's mode and mtime, fsynced and renamed over the final name: the final name holds the old
+copy or the new one, never a torn one. A file that only grew since its last copy (an event file)
+gets the new bytes appended in place, like `rsync --append-verify`, when the share still holds
+exactly that last copy and the local file still starts with the bytes that were copied (first and
+last 64 KiB compared); the final name then holds a byte-exact prefix of the local file at any time.
+Nothing on the share is ever deleted except this copier's own temporary files.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import secrets
+import sys
+import time
+
+CHUNK = 8 * 2**20
+WINDOW = 64 * 2**10
+PROGRESS_EVERY = 0.25  # seconds between "bytes" lines
+FATAL = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.ENOTCONN, errno.ESTALE, errno.EIO, errno.ETIMEDOUT,
+         errno.EHOSTDOWN, errno.ENODEV}  # the share as a whole is unusable: stop the round
+SLACK_NS = 2_000_000_000  # shares keep mtimes coarser than ns (CIFS 100 ns, some FUSE 1 s)
+
+
+class SourceChanged(Exception):
+    """The local file shrank or was rewritten while it was copied."""
+
+
+class Emitter:
+    def __init__(self, out=sys.stdout):
+        self.out = out
+        self._last = 0.0
+        self._bytes = 0
+
+    def __call__(self, **event) -> None:
+        self.out.write(json.dumps(event) + "\n")
+        self.out.flush()
+
+    def op(self, name: str, path: str) -> None:
+        self(ev="op", op=name, path=path)
+
+    def moved(self, n: int) -> None:
+        self._bytes += n
+        now = time.monotonic()
+        if now - self._last >= PROGRESS_EVERY:
+            self(ev="bytes", n=self._bytes)
+            self._bytes, self._last = 0, now
+
+
+def window_digest(fd: int, size: int) -> str:
+    """The first and last 64 KiB of the first `size` bytes: enough to tell an appended file from a rewritten one."""
+    h = hashlib.blake2b(str(size).encode(), digest_size=16)
+    h.update(os.pread(fd, min(WINDOW, size), 0))
+    if size > WINDOW:
+        h.update(os.pread(fd, WINDOW, max(WINDOW, size - WINDOW)))
+    return h.hexdigest()
+
+
+def copy_range(src: int, dst: int, start: int, end: int, emit: Emitter) -> None:
+    """Bytes [start, end) of src to the same offsets of dst: in-kernel copy, else sendfile, else read/write."""
+    offset, how = start, "range"
+    while offset < end:
+        count = min(CHUNK, end - offset)
+        try:
+            if how == "range":
+                n = os.copy_file_range(src, dst, count, offset, offset)
+            elif how == "sendfile":
+                n = os.sendfile(dst, src, offset, count)
+            else:
+                data = os.pread(src, count, offset)
+                n = os.pwrite(dst, data, offset) if data else 0
+        except OSError as exc:
+            if how != "plain" and exc.errno in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+                how = "sendfile" if how == "range" else "plain"
+                if how == "sendfile":
+                    os.lseek(dst, offset, os.SEEK_SET)
+                continue
+            raise
+        if n == 0:
+            raise SourceChanged("the local file shrank while it was copied")
+        offset += n
+        emit.moved(n)
+
+
+def temp_name(final: str) -> str:
+    base = os.path.basename(final)[:200]
+    return os.path.join(os.path.dirname(final), f".{base}.trainguard-tmp-{secrets.token_hex(4)}")
+
+
+class Copier:
+    def __init__(self, source: str, dest: str, emit: Emitter):
+        self.source, self.dest, self.emit = source, dest, emit
+        self._dirs: set[str] = set()
+
+    def run(self, jobs: list[dict], temps: list[str]) -> None:
+        for tmp in temps:
+            self.remove_temp(tmp)
+        for job in jobs:
+            rel = job["rel"]
+            try:
+                self.emit(ev="done", rel=rel, **self.copy(rel, job.get("prev")))
+            except SourceChanged as exc:
+                self.emit(ev="changed", rel=rel, error=str(exc))
+            except FileNotFoundError as exc:
+                if exc.filename and os.fsdecode(exc.filename).startswith(self.source.rstrip("/") + "/"):
+                    self.emit(ev="vanished", rel=rel)
+                    continue
+                self.fail(rel, exc)
+            except OSError as exc:
+                self.fail(rel, exc)
+                if exc.errno in FATAL:
+                    return
+
+    def fail(self, rel: str, exc: OSError) -> None:
+        self.emit(ev="fail", rel=rel, errno=exc.errno, error=exc.strerror or str(exc),
+                  path=os.fsdecode(exc.filename) if exc.filename else "")
+
+    def remove_temp(self, tmp: str) -> None:
+        path = os.path.join(self.dest, tmp)
+        self.emit.op("unlink", path)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return
+        self.emit(ev="temp_gone", tmp=tmp)
+
+    def copy(self, rel: str, prev: list | None) -> dict:
+        src = os.open(os.path.join(self.source, rel), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            st = os.fstat(src)
+            digest = window_digest(src, st.st_size)
+
+            def unchanged() -> None:
+                # Bytes appended during the copy are the next round's; a shrunk or rewritten file is a torn copy.
+                if os.fstat(src).st_size < st.st_size or window_digest(src, st.st_size) != digest:
+                    raise SourceChanged("the local file was rewritten while it was copied")
+
+            how = "append"
+            if prev and st.st_size > prev[0] and self.append(src, st, rel, prev):
+                unchanged()
+            else:
+                how = "full"
+                self.replace(src, st, rel, unchanged)
+        finally:
+            os.close(src)
+        return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "digest": digest, "how": how}
+
+    def _dest_dir(self, final: str) -> None:
+        parent = os.path.dirname(final)
+        if parent not in self._dirs:
+            self.emit.op("mkdir", parent)
+            os.makedirs(parent, exist_ok=True)
+            self._dirs.add(parent)
+
+    def replace(self, src: int, st: os.stat_result, rel: str, unchanged) -> None:
+        final = os.path.join(self.dest, rel)
+        self._dest_dir(final)
+        tmp = temp_name(final)
+        self.emit(ev="tmp", tmp=os.path.relpath(tmp, self.dest))  # before it exists: a kill cannot hide it
+        self.emit.op("create", tmp)
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            self.emit.op("write", tmp)
+            copy_range(src, out, 0, st.st_size, self.emit)
+            self._finish(out, st, tmp)
+            unchanged()  # before the rename: a torn copy never gets the final name
+        except BaseException:
+            os.close(out)
+            self.remove_temp(os.path.relpath(tmp, self.dest))
+            raise
+        os.close(out)
+        self.emit.op("rename", final)
+        os.rename(tmp, final)
+
+    def append(self, src: int, st: os.stat_result, rel: str, prev: list) -> bool:
+        size, mtime_ns, digest = prev
+        if window_digest(src, size) != digest:
+            return False  # not an append: the copied part changed
+        final = os.path.join(self.dest, rel)
+        self.emit.op("open", final)
+        try:
+            out = os.open(final, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False
+        try:
+            have = os.fstat(out)
+            if have.st_size != size or abs(have.st_mtime_ns - mtime_ns) > SLACK_NS:
+                return False  # the share does not hold our last copy (a killed append, someone else's write)
+            self.emit.op("write", final)
+            copy_range(src, out, size, st.st_size, self.emit)
+            self._finish(out, st, final)
+        finally:
+            os.close(out)
+        return True
+
+    def _finish(self, out: int, st: os.stat_result, path: str) -> None:
+        try:
+            os.fchmod(out, st.st_mode & 0o7777)
+        except OSError:
+            pass  # a share that keeps no modes (CIFS, some FUSE) still gets the bytes
+        os.utime(out, ns=(st.st_atime_ns, st.st_mtime_ns))
+        self.emit.op("fsync", path)
+        os.fsync(out)
+
+
+def main() -> int:
+    request = json.load(sys.stdin)
+    emit = Emitter()
+    Copier(request["source"], request["dest"], emit).run(request["jobs"], request.get("temps", []))
+    emit(ev="end")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
