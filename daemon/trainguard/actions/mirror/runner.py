@@ -28,7 +28,7 @@ from trainguard.records import MirrorState
 from trainguard.units import format_duration
 
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-KILL_WAIT = 2.0  # seconds a killed copier gets to exit before it is kept as stuck
+KILL_WAIT = 1.0  # seconds a killed copier gets to exit before it is kept as stuck
 
 # errno -> (reason kind, words); anything else is an "error" named by its strerror.
 REASONS = {
@@ -95,7 +95,7 @@ class MirrorRunner:
         if on_plan is not None:  # what waits now, with the totals and the reason of the last round
             on_plan(replace(self.record.states()[0], **{f: getattr(self._state(rnd), f) for f in
                                                         ("ts", "oldest_pending", "pending_files", "pending_bytes")}))
-        if self.stuck is not None and self.stuck.poll() is None:
+        if self.stuck is not None and not self._reaped(self.stuck):
             rnd.problem("unresponsive", f"dest unresponsive: the copier killed earlier (pid {self.stuck.pid}) "
                                         "is still stuck in the kernel")
         elif dest_problem:
@@ -185,6 +185,15 @@ class MirrorRunner:
         if proc.poll() is None and self.stuck is not proc:
             proc.wait()
         return buffers[err_fd].decode(errors="replace")
+
+    @staticmethod
+    def _reaped(proc: subprocess.Popen) -> bool:
+        """A killed copier leaves once the share answers the request it sits in (FUSE waits it out)."""
+        try:
+            proc.wait(KILL_WAIT)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
 
     def _kill(self, proc: subprocess.Popen) -> None:
         proc.kill()

@@ -41,6 +41,8 @@ class MirrorWorker:
         self._clock = clock
         self._poll = poll
         self._lock = threading.Lock()
+        self._round_done = threading.Condition(self._lock)
+        self._rounds = {m.name: 0 for m in self.mirrors}
         self._snapshot: Snapshot | None = None
         self._stop = threading.Event()
         self._kicks = {m.name: threading.Event() for m in self.mirrors}
@@ -71,6 +73,16 @@ class MirrorWorker:
             if name is None or n == name:
                 event.set()
 
+    def rounds(self, name: str) -> int:
+        """Rounds the named mirror has finished since start."""
+        with self._lock:
+            return self._rounds[name]
+
+    def wait_rounds(self, name: str, count: int, timeout: float) -> bool:
+        """Wait until the named mirror has finished `count` rounds; False on timeout."""
+        with self._round_done:
+            return self._round_done.wait_for(lambda: self._rounds[name] >= count, timeout)
+
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
         with self._lock:
@@ -81,9 +93,12 @@ class MirrorWorker:
         for t in self._threads:
             t.join(timeout)
 
-    def _publish(self, state: MirrorState) -> None:
+    def _publish(self, state: MirrorState, *, done: bool = False) -> None:
         with self._lock:
             self._states[state.name] = state
+            if done:
+                self._rounds[state.name] += 1
+                self._round_done.notify_all()
 
     def _loop(self, mirror: Mirror) -> None:
         conn = self._connect()
@@ -100,7 +115,7 @@ class MirrorWorker:
                         snapshot = self._snapshot
                     try:
                         self._publish(runner.run(dest_problem(snapshot, mirror.dest, self._clock.time()),
-                                                 on_plan=self._publish))
+                                                 on_plan=self._publish), done=True)
                     except Exception:  # one broken round must not end the mirror
                         log.exception("mirror %s failed", mirror.name)
                     due = self._clock.monotonic() + mirror.every
