@@ -1,9 +1,10 @@
 """One mirror round: plan on this thread, copy in a child process, kill the child when a file stops moving.
 
 The supervisor only reads the child's report lines (with a short poll), so it never waits on the
-share itself: a share that hangs costs one `file_timeout`, then the child is killed (SIGKILL; FUSE
-and NFS waits are killable) and the round ends with the reason. A child the kernel does not let go
-is kept and polled: no second copier starts for this mirror until it is gone.
+share itself: a share that hangs costs one `file_timeout`, then the child is killed (SIGKILL) and
+the round ends with the reason. The kernel may not let it go at once (a FUSE request the server
+already holds is waited out even after SIGKILL): such a child is kept and polled, and no second
+copier starts for this mirror until it is gone, so a hung share never piles up copiers.
 """
 
 from __future__ import annotations
