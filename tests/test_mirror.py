@@ -230,3 +230,8 @@ def test_mirror_command_exits_0_when_copied_and_1_with_the_reason(tmp_path, tmpf
     assert line.startswith("runs: 1 files") and "dest full (ENOSPC)" in line
     unknown = trainguard("-c", str(config), "mirror", "nope")
     assert unknown.returncode == 2 and "no mirror named 'nope' (mirrors: runs, off)" in unknown.stderr
+    status = trainguard("-c", str(config), "status", "--json")
+    [doc] = [m for m in json.loads(status.stdout)["mirrors"] if m["name"] == "runs"]
+    assert doc["pending_files"] == 1 and "ENOSPC" in doc["reason"] and doc["lag_seconds"] >= 0
+    text = trainguard("-c", str(config), "status").stdout
+    assert "Mirrors:" in text and "runs: " in text and "1 files" in text and "dest full (ENOSPC)" in text
