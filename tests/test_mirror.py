@@ -7,6 +7,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -133,19 +135,19 @@ def test_copier_killed_midway_leaves_the_old_copy_under_the_final_name(tmp_path,
     write(src / "ckpt.pt", b"old" * 1000)
     runner = runner_for(tmp_path, src, share)
     runner.run()
-    write(src / "ckpt.pt", os.urandom(4 * 2**20))
-    slowfs.delay("write", 0.02)  # every 128 KiB written to the share now takes 20 ms: a copy takes about 1 s
+    write(src / "ckpt.pt", os.urandom(24 * 2**20))
+    slowfs.delay("write", 0.01)  # every 128 KiB written to the share takes 10 ms: the copy takes about 2 s
     proc = copier({"source": str(src), "dest": str(share), "jobs": [{"rel": "ckpt.pt", "prev": None}]})
     events = []
     for line in proc.stdout:
         events.append(json.loads(line))
-        if events[-1]["ev"] == "bytes":
+        if events[-1]["ev"] == "bytes":  # the first 8 MiB are on the share, 16 MiB to go
             break
     os.kill(proc.pid, signal.SIGKILL)  # mid-copy, after bytes reached the share
     proc.wait(10)
     slowfs.delay("write", 0)
     tmp = next(e["tmp"] for e in events if e["ev"] == "tmp")
-    assert (share / tmp).exists(), "the partial copy is under its temporary name"
+    assert (share / tmp).exists(), f"the partial copy is under its temporary name: {events}"
     assert (share / "ckpt.pt").read_bytes() == b"old" * 1000, "the final name still holds the last whole copy"
     runner.record.temp_created(os.fsencode(tmp))  # what the supervisor records from the "tmp" line
     state = runner.run()
@@ -162,12 +164,14 @@ def test_a_hung_share_kills_the_copy_after_file_timeout_and_the_next_round_resum
     runner = runner_for(tmp_path, src, share, clock, file_timeout="30s")
     runner.poll = 0.05
     slowfs.block("write")
-    import threading
 
     result = []
     t = threading.Thread(target=lambda: result.append(runner.run()))
     t.start()
     slowfs.wait_blocked("write", timeout=10)
+    deadline = time.monotonic() + 10
+    while runner.activity[0] != "write" and time.monotonic() < deadline:  # the report line is on its way
+        time.sleep(0.01)
     clock.advance(31)  # no progress for longer than file_timeout
     t.join(10)
     assert not t.is_alive(), "the supervisor killed the copier instead of waiting on the share"

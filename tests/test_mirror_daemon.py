@@ -77,6 +77,10 @@ def test_hung_share_keeps_the_daemon_responsive_and_lag_fires_then_resolves(tmp_
     try:
         changed_at = clock.time()
         slowfs.wait_blocked("all", timeout=10)  # the copier sits in the kernel, on the share
+        deadline = time.monotonic() + 10
+        while worker.activity("runs")[0] != "mkdir" and time.monotonic() < deadline:
+            time.sleep(0.01)  # its last report line ("about to mkdir on the share") is on its way
+        assert worker.activity("runs")[0] == "mkdir"
         key = "mirror.lag:runs"
         fired_at = None
         while fired_at is None:

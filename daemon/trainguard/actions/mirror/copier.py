@@ -21,11 +21,15 @@ import json
 import os
 import secrets
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 CHUNK = 8 * 2**20
 WINDOW = 64 * 2**10
 PROGRESS_EVERY = 0.25  # seconds between "bytes" lines
+FLUSH_EVERY = 0.05  # seconds between writes of the queued report lines
+WORKERS = 4  # files copied at once: a share's per-file latency (create, fsync, rename) overlaps
 FATAL = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.ENOTCONN, errno.ESTALE, errno.EIO, errno.ETIMEDOUT,
          errno.EHOSTDOWN, errno.ENODEV}  # the share as a whole is unusable: stop the round
 SLACK_NS = 2_000_000_000  # shares keep mtimes coarser than ns (CIFS 100 ns, some FUSE 1 s)
@@ -36,24 +40,52 @@ class SourceChanged(Exception):
 
 
 class Emitter:
+    """Report lines, written by a flusher thread every FLUSH_EVERY: a line queued just before a call that
+    blocks on the share still reaches the supervisor (the blocked call holds no lock), and a round of
+    thousands of small files does not pay a write per line."""
+
     def __init__(self, out=sys.stdout):
         self.out = out
         self._last = 0.0
         self._bytes = 0
+        self._lock = threading.Lock()
+        self._queue: list[str] = []
+        self._closed = threading.Event()
+        self._flusher = threading.Thread(target=self._flush_loop, daemon=True)
+        self._flusher.start()
 
     def __call__(self, **event) -> None:
-        self.out.write(json.dumps(event) + "\n")
-        self.out.flush()
+        line = json.dumps(event) + "\n"
+        with self._lock:
+            self._queue.append(line)
+
+    def flush(self) -> None:
+        with self._lock:
+            lines, self._queue = self._queue, []
+        if lines:
+            self.out.write("".join(lines))
+            self.out.flush()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._flusher.join()
+        self.flush()
+
+    def _flush_loop(self) -> None:
+        while not self._closed.wait(FLUSH_EVERY):
+            self.flush()
 
     def op(self, name: str, path: str) -> None:
         self(ev="op", op=name, path=path)
 
     def moved(self, n: int) -> None:
-        self._bytes += n
-        now = time.monotonic()
-        if now - self._last >= PROGRESS_EVERY:
-            self(ev="bytes", n=self._bytes)
-            self._bytes, self._last = 0, now
+        with self._lock:
+            self._bytes += n
+            now = time.monotonic()
+            if now - self._last < PROGRESS_EVERY:
+                return
+            n, self._bytes, self._last = self._bytes, 0, now
+        self(ev="bytes", n=n)
 
 
 def window_digest(fd: int, size: int) -> str:
@@ -101,24 +133,31 @@ class Copier:
         self.source, self.dest, self.emit = source, dest, emit
         self._dirs: set[str] = set()
 
-    def run(self, jobs: list[dict], temps: list[str]) -> None:
+    def run(self, jobs: list[dict], temps: list[str], workers: int = WORKERS) -> None:
         for tmp in temps:
             self.remove_temp(tmp)
-        for job in jobs:
-            rel = job["rel"]
-            try:
-                self.emit(ev="done", rel=rel, **self.copy(rel, job.get("prev")))
-            except SourceChanged as exc:
-                self.emit(ev="changed", rel=rel, error=str(exc))
-            except FileNotFoundError as exc:
-                if exc.filename and os.fsdecode(exc.filename).startswith(self.source.rstrip("/") + "/"):
-                    self.emit(ev="vanished", rel=rel)
-                    continue
-                self.fail(rel, exc)
-            except OSError as exc:
-                self.fail(rel, exc)
-                if exc.errno in FATAL:
-                    return
+        self._abort = threading.Event()
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            for _ in pool.map(self.one, jobs):
+                pass
+
+    def one(self, job: dict) -> None:
+        if self._abort.is_set():
+            return
+        rel = job["rel"]
+        try:
+            self.emit(ev="done", rel=rel, **self.copy(rel, job.get("prev")))
+        except SourceChanged as exc:
+            self.emit(ev="changed", rel=rel, error=str(exc))
+        except FileNotFoundError as exc:
+            if exc.filename and os.fsdecode(exc.filename).startswith(self.source.rstrip("/") + "/"):
+                self.emit(ev="vanished", rel=rel)
+                return
+            self.fail(rel, exc)
+        except OSError as exc:
+            self.fail(rel, exc)
+            if exc.errno in FATAL:  # the share as a whole is unusable: the other files would fail the same way
+                self._abort.set()
 
     def fail(self, rel: str, exc: OSError) -> None:
         self.emit(ev="fail", rel=rel, errno=exc.errno, error=exc.strerror or str(exc),
@@ -219,6 +258,7 @@ def main() -> int:
     emit = Emitter()
     Copier(request["source"], request["dest"], emit).run(request["jobs"], request.get("temps", []))
     emit(ev="end")
+    emit.close()
     return 0
 
 

@@ -65,57 +65,67 @@ class Record:
     def __init__(self, conn: sqlite3.Connection, mirror: str, dest: str, now: float):
         self.conn = conn
         self.mirror = mirror
+        self._queued: list[tuple[str, list[tuple]]] = []
         conn.executescript(SCHEMA)
         conn.execute("INSERT OR IGNORE INTO mirror_runs (mirror, created, dest) VALUES (?, ?, ?)", (mirror, now, dest))
         self.created = conn.execute("SELECT created FROM mirror_runs WHERE mirror = ?", (mirror,)).fetchone()[0]
 
     def entries(self) -> dict[bytes, Entry]:
+        self.flush()
         rows = self.conn.execute("SELECT path, size, mtime_ns, digest, dirty_since FROM mirror_files "
                                  "WHERE mirror = ?", (self.mirror,))
         return {bytes(p): Entry(Copied(s, m, d) if s is not None else None, ds) for p, s, m, d, ds in rows}
 
-    def mark_dirty(self, paths: Iterable[tuple[bytes, float]]) -> None:
+    def _write(self, sql: str, rows: list[tuple]) -> None:
+        self._queued.append((sql, rows))
+
+    def flush(self) -> None:
+        """Queued writes in one short transaction: a copier reporting thousands of files never holds the db."""
+        if not self._queued:
+            return
         with self.conn:
-            self.conn.executemany(
-                "INSERT INTO mirror_files (mirror, path, dirty_since) VALUES (?, ?, ?) "
-                "ON CONFLICT (mirror, path) DO UPDATE SET dirty_since = excluded.dirty_since",
-                [(self.mirror, p, since) for p, since in paths])
+            for sql, rows in self._queued:
+                self.conn.executemany(sql, rows)
+        self._queued.clear()
+
+    def mark_dirty(self, paths: Iterable[tuple[bytes, float]]) -> None:
+        self._write("INSERT INTO mirror_files (mirror, path, dirty_since) VALUES (?, ?, ?) "
+                    "ON CONFLICT (mirror, path) DO UPDATE SET dirty_since = excluded.dirty_since",
+                    [(self.mirror, p, since) for p, since in paths])
 
     def forget(self, paths: Iterable[bytes]) -> None:
         """Files gone from the source: nothing to copy, nothing to remember (the share keeps its copy)."""
-        with self.conn:
-            self.conn.executemany("DELETE FROM mirror_files WHERE mirror = ? AND path = ?",
-                                  [(self.mirror, p) for p in paths])
+        self._write("DELETE FROM mirror_files WHERE mirror = ? AND path = ?", [(self.mirror, p) for p in paths])
 
     def copied(self, path: bytes, copy: Copied, nbytes: int) -> None:
-        with self.conn:
-            self.conn.execute(
-                "INSERT INTO mirror_files (mirror, path, size, mtime_ns, digest) VALUES (?, ?, ?, ?, ?) "
-                "ON CONFLICT (mirror, path) DO UPDATE SET size = excluded.size, mtime_ns = excluded.mtime_ns, "
-                "digest = excluded.digest, dirty_since = NULL",
-                (self.mirror, path, copy.size, copy.mtime_ns, copy.digest))
-            self.conn.execute("UPDATE mirror_runs SET bytes_total = bytes_total + ? WHERE mirror = ?",
-                              (nbytes, self.mirror))
+        self._write("INSERT INTO mirror_files (mirror, path, size, mtime_ns, digest) VALUES (?, ?, ?, ?, ?) "
+                    "ON CONFLICT (mirror, path) DO UPDATE SET size = excluded.size, mtime_ns = excluded.mtime_ns, "
+                    "digest = excluded.digest, dirty_since = NULL",
+                    [(self.mirror, path, copy.size, copy.mtime_ns, copy.digest)])
+        self._write("UPDATE mirror_runs SET bytes_total = bytes_total + ? WHERE mirror = ?", [(nbytes, self.mirror)])
 
     def error(self) -> None:
-        self.conn.execute("UPDATE mirror_runs SET errors_total = errors_total + 1 WHERE mirror = ?", (self.mirror,))
+        self._write("UPDATE mirror_runs SET errors_total = errors_total + 1 WHERE mirror = ?", [(self.mirror,)])
 
     def temps(self) -> list[bytes]:
+        self.flush()
         rows = self.conn.execute("SELECT path FROM mirror_temps WHERE mirror = ?", (self.mirror,))
         return [bytes(p) for (p,) in rows]
 
     def temp_created(self, path: bytes) -> None:
-        self.conn.execute("INSERT OR IGNORE INTO mirror_temps (mirror, path) VALUES (?, ?)", (self.mirror, path))
+        self._write("INSERT OR IGNORE INTO mirror_temps (mirror, path) VALUES (?, ?)", [(self.mirror, path)])
 
     def temp_gone(self, path: bytes) -> None:
-        self.conn.execute("DELETE FROM mirror_temps WHERE mirror = ? AND path = ?", (self.mirror, path))
+        self._write("DELETE FROM mirror_temps WHERE mirror = ? AND path = ?", [(self.mirror, path)])
 
     def states(self) -> list[MirrorState]:
+        self.flush()
         return read_states(self.conn, [self.mirror])
 
     def finish(self, state: MirrorState) -> MirrorState:
         """Store the round's outcome; returns the state with the stored totals and last_ok."""
         ok = state.pending_files == 0 and not state.reason
+        self.flush()
         with self.conn:
             self.conn.execute(
                 "UPDATE mirror_runs SET last_run = ?, last_ok = CASE WHEN ? THEN ? ELSE last_ok END, "

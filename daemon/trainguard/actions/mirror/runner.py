@@ -29,6 +29,7 @@ from trainguard.records import MirrorState
 from trainguard.units import format_duration
 
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+FLUSH_EVERY = 1.0  # seconds between writes of the copier's reports to the state db
 KILL_WAIT = 1.0  # seconds a killed copier gets to exit before it is kept as stuck
 
 # errno -> (reason kind, words); anything else is an "error" named by its strerror.
@@ -69,6 +70,7 @@ class MirrorRunner:
     python: str = sys.executable
     poll: float = 0.2  # seconds between checks of a quiet copier
     stuck: subprocess.Popen | None = None  # a killed copier the kernel still holds
+    activity: tuple[str, str] = ("", "")  # the copier's last reported operation on the share, and its path
     _stop: threading.Event = field(default_factory=threading.Event)
 
     @classmethod
@@ -128,7 +130,9 @@ class MirrorRunner:
     def _spawn(self) -> subprocess.Popen:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
-        return subprocess.Popen([self.python, "-m", "trainguard.actions.mirror.copier"], stdin=subprocess.PIPE,
+        # -S: the copier needs only the standard library; site hooks (.pth files) cost more than the copy of
+        # a small file.
+        return subprocess.Popen([self.python, "-S", "-m", "trainguard.actions.mirror.copier"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd="/",
                                 start_new_session=True)
 
@@ -153,7 +157,7 @@ class MirrorRunner:
         buffers = {proc.stdout.fileno(): b"", err_fd: b""}
         for stream in (proc.stdout, proc.stderr):
             sel.register(stream.fileno(), selectors.EVENT_READ)
-        last = self.clock.monotonic()
+        last = flushed = self.clock.monotonic()
         timeout = self.mirror.file_timeout
         try:
             while sel.get_map():
@@ -169,6 +173,9 @@ class MirrorRunner:
                     *lines, buffers[key.fd] = (buffers[key.fd] + data).split(b"\n")
                     for line in lines:
                         self._event(json.loads(line), rnd)
+                if last - flushed >= FLUSH_EVERY:
+                    self.record.flush()
+                    flushed = last
                 if self._stop.is_set():
                     self._kill(proc)
                     rnd.problem("error", "stopped before the copy finished")
@@ -180,6 +187,7 @@ class MirrorRunner:
                                                 f"{format_duration(timeout)}")
                     break
         finally:
+            self.record.flush()
             sel.close()
             proc.stdout.close()
             proc.stderr.close()
@@ -207,6 +215,7 @@ class MirrorRunner:
         kind = ev["ev"]
         if kind == "op":
             rnd.op, rnd.path = ev["op"], ev["path"]
+            self.activity = (rnd.op, rnd.path)
         elif kind == "tmp":
             self.record.temp_created(os.fsencode(ev["tmp"]))
         elif kind == "temp_gone":

@@ -73,6 +73,12 @@ class MirrorWorker:
             if name is None or n == name:
                 event.set()
 
+    def activity(self, name: str) -> tuple[str, str]:
+        """The named mirror's last operation on the share and its path, ("", "") before any."""
+        with self._lock:
+            runner = self._runners.get(name)
+        return runner.activity if runner is not None else ("", "")
+
     def rounds(self, name: str) -> int:
         """Rounds the named mirror has finished since start."""
         with self._lock:
