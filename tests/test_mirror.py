@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from trainguard import config as configmod
 from trainguard.actions.mirror.globs import Matcher
-from trainguard.actions.mirror.runner import MirrorRunner
+from trainguard.actions.mirror.runner import COPIER, MirrorRunner
 from trainguard.detectors import DetectorInput
 from trainguard.detectors.mirror import detect
 from trainguard.records import MirrorState, Snapshot
@@ -74,6 +74,12 @@ def test_local_dir_is_mirrored_identically_and_only_once(tmp_path):
     assert not [p for p in dst.rglob("*") if "trainguard-tmp" in p.name]
     copied = state.bytes_total
     assert copied == sum((src / r).stat().st_size for r in (EVENTS, "run1/ckpt/step-100.pt", "run1/train.log"))
+    from trainguard.actions.mirror.record import last_copy
+
+    ckpt = (src / "run1/ckpt/step-100.pt").stat()
+    recorded = last_copy(runner.record.conn, "runs", b"run1/ckpt/step-100.pt")
+    assert (recorded.size, recorded.mtime_ns) == (ckpt.st_size, ckpt.st_mtime_ns), "cleanup can ask the record"
+    assert last_copy(runner.record.conn, "runs", b"run1/cache/batch.npy") is None
     # A second round and a restarted daemon (a fresh runner on the same state db) copy nothing.
     assert runner.run().bytes_total == copied
     runner.record.conn.close()
@@ -121,7 +127,7 @@ def test_share_changed_behind_our_back_gets_a_whole_copy_not_an_append(tmp_path)
 
 
 def copier(request: dict) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "trainguard.actions.mirror.copier"], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-S", str(COPIER)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, env=cli_env(), text=True)
     proc.stdin.write(json.dumps(request))
     proc.stdin.close()

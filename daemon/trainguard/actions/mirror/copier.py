@@ -1,8 +1,9 @@
-"""The copier: a child process that writes files to the share; `python -m trainguard.actions.mirror.copier`.
+"""The copier: a child process that writes files to the share; `python -S copier.py` (it is its own script).
 
 It reads one JSON job list on stdin and reports on stdout, one JSON line per event, before every
 operation on the share that may block ("op") and after every step that moved ("bytes", "done"), so
-its supervisor can tell a hung share from a slow one and kill it. Standard library only: it starts fast.
+its supervisor can tell a hung share from a slow one and kill it. Standard library only, and few modules:
+it starts in a few tens of milliseconds.
 
 A file is copied to `.<name>.trainguard-tmp-<random>` in its destination directory, given the
 source's mode and mtime, fsynced and renamed over the final name: the final name holds the old
@@ -19,11 +20,9 @@ import errno
 import hashlib
 import json
 import os
-import secrets
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 CHUNK = 8 * 2**20
 WINDOW = 64 * 2**10
@@ -125,7 +124,7 @@ def copy_range(src: int, dst: int, start: int, end: int, emit: Emitter) -> None:
 
 def temp_name(final: str) -> str:
     base = os.path.basename(final)[:200]
-    return os.path.join(os.path.dirname(final), f".{base}.trainguard-tmp-{secrets.token_hex(4)}")
+    return os.path.join(os.path.dirname(final), f".{base}.trainguard-tmp-{os.urandom(4).hex()}")
 
 
 class Copier:
@@ -137,9 +136,13 @@ class Copier:
         for tmp in temps:
             self.remove_temp(tmp)
         self._abort = threading.Event()
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            for _ in pool.map(self.one, jobs):
-                pass
+        todo = iter(jobs)  # next() on a list iterator is atomic: each job goes to one thread
+        threads = [threading.Thread(target=lambda: [self.one(job) for job in todo], daemon=True)
+                   for _ in range(min(workers, len(jobs)))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
 
     def one(self, job: dict) -> None:
         if self._abort.is_set():

@@ -148,3 +148,14 @@ def read_states(conn: sqlite3.Connection, names: Iterable[str] | None = None) ->
                         pending_bytes=r[5], bytes_total=r[6], errors_total=r[7], last_ok=r[8], reason=r[9],
                         reason_kind=r[10])
             for r in rows if wanted is None or r[0] in wanted]
+
+
+def last_copy(conn: sqlite3.Connection, mirror: str, rel: bytes) -> Copied | None:
+    """What the last copy of `rel` (relative to the mirror's source) wrote to the share, from the record
+    alone; None when it was never copied. The share is not asked."""
+    try:
+        row = conn.execute("SELECT size, mtime_ns, digest FROM mirror_files WHERE mirror = ? AND path = ? "
+                           "AND size IS NOT NULL", (mirror, rel)).fetchone()
+    except sqlite3.OperationalError:
+        return None
+    return Copied(*row) if row else None

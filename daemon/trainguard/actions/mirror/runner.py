@@ -28,7 +28,7 @@ from trainguard.config import Mirror
 from trainguard.records import MirrorState
 from trainguard.units import format_duration
 
-PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+COPIER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "copier.py")
 FLUSH_EVERY = 1.0  # seconds between writes of the copier's reports to the state db
 KILL_WAIT = 1.0  # seconds a killed copier gets to exit before it is kept as stuck
 
@@ -128,13 +128,10 @@ class MirrorRunner:
         return self.record.finish(state)
 
     def _spawn(self) -> subprocess.Popen:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
-        # -S: the copier needs only the standard library; site hooks (.pth files) cost more than the copy of
-        # a small file.
-        return subprocess.Popen([self.python, "-S", "-m", "trainguard.actions.mirror.copier"], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd="/",
-                                start_new_session=True)
+        # The copier is a standard-library script: -S skips site hooks (.pth files), which cost more than
+        # the copy of a small file, and no package needs importing.
+        return subprocess.Popen([self.python, "-S", COPIER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, cwd="/", start_new_session=True)
 
     def _copy(self, rnd: _Round, temps: list[bytes]) -> None:
         jobs = [{"rel": os.fsdecode(j.rel), "prev": [j.prev.size, j.prev.mtime_ns, j.prev.digest] if j.prev else None}
@@ -147,7 +144,11 @@ class MirrorRunner:
             proc.stdin.close()
         except BrokenPipeError:
             pass
-        errors = self._supervise(proc, rnd)
+        try:
+            errors = self._supervise(proc, rnd)
+        except BaseException:  # a supervisor bug must not leave a copier running on its own
+            self._kill(proc)
+            raise
         if proc.returncode not in (0, None) and proc.returncode != -signal.SIGKILL and not rnd.reason:
             rnd.problem("error", f"copier exited with {proc.returncode}: {errors.strip()[-300:]}")
 
