@@ -245,3 +245,20 @@ def test_mirror_command_exits_0_when_copied_and_1_with_the_reason(tmp_path, tmpf
     assert doc["pending_files"] == 1 and "ENOSPC" in doc["reason"] and doc["lag_seconds"] >= 0
     text = trainguard("-c", str(config), "status").stdout
     assert "Mirrors:" in text and "runs: " in text and "1 files" in text and "dest full (ENOSPC)" in text
+
+
+@pytest.mark.parametrize("slowfs", [{"name": "autodlfs"}], indirect=True)
+def test_a_crashed_share_daemon_is_reported_as_disconnected(tmp_path, slowfs):
+    src = tmp_path / "src"
+    write(src / "a.log", b"x" * 1000)
+    slowfs.kill()  # the FUSE server dies: every call on the mount fails with ENOTCONN
+    state = runner_for(tmp_path, src, Path(slowfs.mountpoint) / "runs").run()
+    assert state.reason_kind == "unresponsive" and "disconnected (ENOTCONN)" in state.reason
+    assert state.pending_files == 1 and state.errors_total == 1
+
+
+def test_a_missing_source_is_the_reason_and_keeps_what_was_pending(tmp_path):
+    runner = runner_for(tmp_path, tmp_path / "not-yet", tmp_path / "dst")
+    state = runner.run()
+    assert state.reason_kind == "error" and "unreadable: No such file or directory" in state.reason
+    assert (state.pending_files, state.oldest_pending) == (0, None)

@@ -87,17 +87,18 @@ class MirrorRunner:
         m, now = self.mirror, self.clock.time()
         try:
             files, problems = walk(m.source, Matcher(m.patterns, m.exclude))
-        except OSError as exc:
-            return self._finish(_Round({}, "error", f"source {m.source} unreadable: {exc.strerror}"), keep=True)
+        except OSError as exc:  # nothing planned: the changes pending since the last round still wait
+            stored = self.record.states()[0]
+            return self.record.finish(replace(stored, ts=now, reason_kind="error",
+                                              reason=f"source {m.source} unreadable: {exc.strerror}"))
         entries = self.record.entries()
         p = plan(files, entries, now, self.record.created)
         self.record.forget(p.gone)
         self.record.mark_dirty([(j.rel, j.dirty_since) for j in p.jobs
                                 if entries.get(j.rel) is None or entries[j.rel].dirty_since is None])
         rnd = _Round({j.rel: j for j in p.jobs})
-        if on_plan is not None:  # what waits now, with the totals and the reason of the last round
-            on_plan(replace(self.record.states()[0], **{f: getattr(self._state(rnd), f) for f in
-                                                        ("ts", "oldest_pending", "pending_files", "pending_bytes")}))
+        if on_plan is not None:  # what waits now, with the reason of the last round
+            on_plan(self._state(rnd, with_reason=False))
         if self.stuck is not None and not self._reaped(self.stuck):
             rnd.problem("unresponsive", f"dest unresponsive: the copier killed earlier (pid {self.stuck.pid}) "
                                         "is still stuck in the kernel")
@@ -110,22 +111,16 @@ class MirrorRunner:
                 self._copy(rnd, temps)
         if problems:
             rnd.problem("error", f"cannot read {problems[0]}")
-        return self._finish(rnd)
+        return self.record.finish(self._state(rnd))
 
-    def _state(self, rnd: _Round) -> MirrorState:
+    def _state(self, rnd: _Round, *, with_reason: bool = True) -> MirrorState:
+        """The stored state (totals, last_ok) with this round's pending files and, optionally, its reason."""
         jobs = rnd.pending.values()
-        return MirrorState(name=self.mirror.name, dest=self.mirror.dest, ts=self.clock.time(),
-                           oldest_pending=min((j.dirty_since for j in jobs), default=None),
-                           pending_files=len(rnd.pending), pending_bytes=sum(j.size for j in jobs),
-                           reason=rnd.reason, reason_kind=rnd.kind)
-
-    def _finish(self, rnd: _Round, keep: bool = False) -> MirrorState:
-        state = self._state(rnd)
-        if keep:  # nothing was planned: the pending changes of the last round still wait
-            old = next((s for s in self.record.states() if s.name == self.mirror.name), None)
-            if old is not None:
-                state = replace(old, ts=state.ts, reason=state.reason, reason_kind=state.reason_kind)
-        return self.record.finish(state)
+        now = dict(ts=self.clock.time(), oldest_pending=min((j.dirty_since for j in jobs), default=None),
+                   pending_files=len(rnd.pending), pending_bytes=sum(j.size for j in jobs), dest=self.mirror.dest)
+        if with_reason:
+            now.update(reason=rnd.reason, reason_kind=rnd.kind)
+        return replace(self.record.states()[0], **now)
 
     def _spawn(self) -> subprocess.Popen:
         # The copier is a standard-library script: -S skips site hooks (.pth files), which cost more than
