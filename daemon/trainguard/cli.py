@@ -231,6 +231,45 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     return status
 
 
+def cmd_mirror(args: argparse.Namespace) -> int:
+    """Run the mirrors once now: exit 0 when everything is on the share, 1 with one line per reason otherwise."""
+    from trainguard.actions.mirror.runner import MirrorRunner
+    from trainguard.store.state import StateDb, choose_state_dir
+    from trainguard.units import format_bytes
+
+    loaded = _load(args)
+    if loaded is None:
+        return EXIT_CONFIG
+    quiet_logging()
+    mirrors = list(loaded.config.mirror)
+    chosen = [m for m in mirrors if m.name == args.name] if args.name else [m for m in mirrors if m.enabled]
+    if args.name and not chosen:
+        known = ", ".join(m.name for m in mirrors) or "none configured"
+        print(f"trainguard: no mirror named {args.name!r} (mirrors: {known})", file=sys.stderr)
+        return EXIT_CONFIG
+    if not chosen:
+        print("no enabled mirrors (see [[mirror]] in config.example.toml)")
+        return EXIT_OK
+    db = StateDb(choose_state_dir(args.state_dir or loaded.config.general.state_dir))
+    status = EXIT_OK
+    for mirror in chosen:
+        conn = db.connect()
+        try:
+            runner = MirrorRunner.open(mirror, conn)
+            before = runner.record.states()[0].bytes_total
+            state = runner.run()
+        finally:
+            conn.close()
+        copied = format_bytes(state.bytes_total - before)
+        if state.pending_files or state.reason:
+            status = EXIT_CRITICAL
+            print(f"{mirror.name}: {state.pending_files} files ({format_bytes(state.pending_bytes)}) not on "
+                  f"{mirror.dest}: {state.reason or 'not copied'} ({copied} copied)", file=sys.stderr)
+        else:
+            print(f"{mirror.name}: everything on {mirror.dest} ({copied} copied)")
+    return status
+
+
 def _check_targets(targets: Sequence[configmod.NotifyTarget]) -> list[str]:
     """Each URL as apprise reads it (unknown scheme, bad token), named by target and redacted."""
     if not targets:
@@ -322,6 +361,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int]]] = {
     "diagnose": ("show what the processes on a GPU are doing or blocked on", cmd_diagnose),
     "cleanup": ("run the cleanup policies once now (--dry-run: only list what would go)", cmd_cleanup),
     "test-alert": ("send a test message to each notify target and report delivered / failed", cmd_test_alert),
+    "mirror": ("copy new and changed files of the mirrors to the share once now; exit 1 if some are not", cmd_mirror),
     "health": ("exit 0 when the running daemon completed a cycle recently (container health checks)", cmd_health),
 }
 
@@ -355,6 +395,10 @@ def build_parser() -> argparse.ArgumentParser:
                                        help="only this target (repeat for more; default: all)")
     parsers["test-alert"].add_argument("--severity", choices=["info", "warning", "critical"], default="warning",
                                        help="severity of the test message (default: warning)")
+    parsers["mirror"].add_argument("--once", action="store_true",
+                                   help="run each mirror once and exit (the default; the daemon runs them on their "
+                                        "schedule)")
+    parsers["mirror"].add_argument("name", nargs="?", help="only this mirror (by its name; may be disabled)")
     parsers["health"].add_argument("--max-age", type=float, metavar="SECONDS",
                                    help="oldest acceptable last cycle (default: 3 intervals, at least 60 s)")
     return parser

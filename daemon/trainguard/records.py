@@ -96,6 +96,7 @@ class Snapshot:
     gpus: tuple["GpuSample", ...] = ()
     gpu_status: "NvmlStatus | None" = None  # None: GPU sampling not configured in this cycle
     log_matches: tuple["LogMatch", ...] = ()  # recent matches in watched training logs
+    mirrors: tuple["MirrorState", ...] = ()  # the mirror worker's latest states (none configured: empty)
 
     def disk_for(self, mount: Mount) -> DiskIo | None:
         for disk in self.disks:
@@ -250,3 +251,27 @@ class LogMatch:
     line: str
     pattern: str
     ts: float  # wall time the line was read
+
+
+# --- mirror ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MirrorState:
+    """Where one [[mirror]] stands: what is not on the share yet, and why."""
+
+    name: str
+    dest: str
+    ts: float  # wall time this state was taken
+    oldest_pending: float | None = None  # wall time of the oldest change not yet copied; None: all copied
+    pending_files: int = 0
+    pending_bytes: int = 0
+    bytes_total: int = 0  # copied since the state db was created
+    errors_total: int = 0
+    last_ok: float | None = None  # wall time a round last ended with everything copied
+    reason: str = ""  # why the last round did not copy everything; "" when it did
+    reason_kind: str = ""  # "unresponsive", "full", "permission", "changing", "error" or ""
+
+    def lag(self, now: float) -> float:
+        """Seconds the oldest not-yet-copied change has waited (0 when everything is on the share)."""
+        return max(0.0, now - self.oldest_pending) if self.oldest_pending is not None else 0.0

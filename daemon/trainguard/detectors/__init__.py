@@ -44,12 +44,13 @@ Detector = Callable[[DetectorInput], list[Finding]]
 
 
 def _registry() -> dict[str, Detector]:
-    from trainguard.detectors import filesystem, forecast, gpu, io
+    from trainguard.detectors import filesystem, forecast, gpu, io, mirror
 
     return {
         "filesystem": filesystem.detect,
         "forecast": forecast.detect,
         "io": io.detect,
+        "mirror": mirror.detect,
         **gpu.GPU_DETECTORS,
     }
 

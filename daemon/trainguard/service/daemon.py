@@ -39,6 +39,7 @@ from trainguard.store.writes import WriteHealth, unwritable_finding
 from trainguard.surfaces.exporter import MetricsServer, Readings
 
 if TYPE_CHECKING:
+    from trainguard.actions.mirror.worker import MirrorWorker
     from trainguard.actions.worker import CleanupWorker
 
 log = logging.getLogger(__name__)
@@ -119,6 +120,7 @@ class Daemon:
         self._last_compact = float("-inf")  # compact on the first cycle: a daemon restarted often still does
         self.cleanup_notes: dict[str, tuple[float, str]] = {}  # mount -> (when, what cleanup did there)
         self.cleanup = self._start_cleanup(cfg)
+        self.mirror = self._start_mirror(cfg)
 
     @property
     def config(self) -> configmod.Config:
@@ -130,6 +132,9 @@ class Daemon:
         snapshot = self.samplers.sample(now)
         if self.cleanup is not None:
             self.cleanup.submit(snapshot)  # never blocks: the worker thread decides and scans
+        if self.mirror is not None:  # never blocks either: the mirror threads copy, the cycle reads their states
+            self.mirror.submit(snapshot)
+            snapshot = replace(snapshot, mirrors=self.mirror.states())
         self.writes.attempt("history", self.history.record, now, series_of(snapshot))
         inp = DetectorInput(self.config, self.history, snapshot, now, self.lifecycle.active)
         findings = evaluate(inp)
@@ -166,6 +171,16 @@ class Daemon:
 
         worker = CleanupWorker(make_runner_factory(policies, self.db.connect, cfg.general.proc_root),
                                clock=self.clock.time)
+        worker.start()
+        return worker
+
+    def _start_mirror(self, cfg: configmod.Config) -> MirrorWorker | None:
+        mirrors = [m for m in cfg.mirror if m.enabled]
+        if not mirrors:
+            return None
+        from trainguard.actions.mirror.worker import MirrorWorker  # only a daemon that mirrors carries it
+
+        worker = MirrorWorker(mirrors, self.db.connect, self.clock)
         worker.start()
         return worker
 
@@ -255,6 +270,9 @@ class Daemon:
         if self.cleanup is not None:
             self.cleanup.stop()
         self.cleanup = self._start_cleanup(cfg)
+        if self.mirror is not None:
+            self.mirror.stop()
+        self.mirror = self._start_mirror(cfg)
         self._configure_outbox(cfg)
         log.info("configuration reloaded from %s", new.source)
         return True
@@ -328,6 +346,8 @@ class Daemon:
         self.samplers.close()
         if self.cleanup is not None:
             self.cleanup.stop()
+        if self.mirror is not None:
+            self.mirror.stop()
         for notifier in self.notifiers:
             try:
                 notifier.close()

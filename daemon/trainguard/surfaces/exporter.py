@@ -80,6 +80,7 @@ class ReadingsCollector:
         yield from self._gpus(readings)
         yield from self._alerts(readings)
         yield from self._counters(readings)
+        yield from self._mirrors(readings)
 
     def _cycle(self, r: Readings) -> Iterator[Metric]:
         yield GaugeMetricFamily("trainguard_last_cycle_timestamp_seconds",
@@ -205,6 +206,25 @@ class ReadingsCollector:
             for target, count in sorted(r.notify_failures.items()):
                 failures.add_metric((target,), count)
             yield failures
+
+    # --- mirror ([[mirror]]): one series per configured mirror, absent when none is configured
+
+    def _mirrors(self, r: Readings) -> Iterator[Metric]:
+        mirrors = r.snapshot.mirrors
+        if not mirrors:
+            return
+        lag = GaugeMetricFamily("trainguard_mirror_lag_seconds",
+                                "Age of the oldest local change not yet copied to the share; 0 when all is copied",
+                                labels=("mirror",))
+        copied = CounterMetricFamily("trainguard_mirror_bytes", "Bytes copied to the share since the state db "
+                                     "was created", labels=("mirror",))
+        errors = CounterMetricFamily("trainguard_mirror_errors", "Failed file copies and copiers killed for making "
+                                     "no progress", labels=("mirror",))
+        for m in mirrors:
+            lag.add_metric((m.name,), m.lag(r.ts))
+            copied.add_metric((m.name,), m.bytes_total)
+            errors.add_metric((m.name,), m.errors_total)
+        yield from (lag, copied, errors)
 
 
 class MetricsServer:

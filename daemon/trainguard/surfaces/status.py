@@ -7,6 +7,7 @@ for people and may change.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any, Sequence
 
 from trainguard import config as configmod
@@ -121,7 +122,7 @@ def build(cfg: configmod.Config, *, state_dir: str | None = None, clock: Clock |
     samplers.disks.sample()
     time.sleep(DISK_SAMPLE_GAP)
     now = clock.time()
-    snapshot = samplers.sample(now)
+    snapshot = with_mirrors(samplers.sample(now), cfg, conn)
     history.record(now, series_of(snapshot))
     active = {s.key: s.severity for s in alert_states}
     inp = DetectorInput(cfg, history, snapshot, now, active)
@@ -152,6 +153,7 @@ def build(cfg: configmod.Config, *, state_dir: str | None = None, clock: Clock |
         for f in (read_freed(conn, now) if conn is not None else [])
     ]
     doc["outbox"] = outbox_doc(conn, cfg, now)
+    doc["mirrors"] = mirrors_doc(snapshot, cfg, now)
     if conn is not None:
         conn.close()
     return doc
@@ -191,6 +193,42 @@ def outbox_doc(conn, cfg: configmod.Config, now: float) -> dict[str, Any]:
                       "last_error": r["last_error"]} for r in s["retrying"]],
         "targets": targets,
     }
+
+
+def with_mirrors(snapshot: Snapshot, cfg: configmod.Config, conn) -> Snapshot:
+    """The mirrors' states as the daemon last stored them, so mirror.lag is evaluated here too."""
+    names = [m.name for m in cfg.mirror if m.enabled]
+    if conn is None or not names:
+        return snapshot
+    from trainguard.actions.mirror.record import read_states
+
+    return replace(snapshot, mirrors=tuple(read_states(conn, names)))
+
+
+def mirrors_doc(snapshot: Snapshot, cfg: configmod.Config, now: float) -> list[dict[str, Any]]:
+    states = {s.name: s for s in snapshot.mirrors}
+    out = []
+    for m in (m for m in cfg.mirror if m.enabled):
+        s = states.get(m.name)
+        out.append({
+            "name": m.name, "source": m.source, "dest": m.dest, "ran": s is not None,
+            "lag_seconds": round(s.lag(now), 1) if s else None,
+            "pending_files": s.pending_files if s else None, "pending_bytes": s.pending_bytes if s else None,
+            "bytes_total": s.bytes_total if s else 0, "errors_total": s.errors_total if s else 0,
+            "last_ok": format_iso_utc(s.last_ok) if s else None, "reason": s.reason if s else "",
+        })
+    return out
+
+
+def _mirror_line(m: dict[str, Any]) -> str:
+    head = f"  {m['name']}: {m['source']} -> {m['dest']}: "
+    if not m["ran"]:
+        return head + "not run yet (the daemon or `trainguard mirror` copies it)"
+    if not m["pending_files"] and not m["reason"]:
+        return head + f"up to date (lag 0s, {format_bytes(m['bytes_total'])} copied in all)"
+    line = head + (f"lag {format_duration(m['lag_seconds'])}, {m['pending_files']} files "
+                   f"({format_bytes(m['pending_bytes'])}) waiting")
+    return line + (f": {m['reason']}" if m["reason"] else "")
 
 
 def summary_target_zero() -> dict[str, Any]:
@@ -247,6 +285,9 @@ def render(doc: dict[str, Any]) -> str:
     elif firing:
         out.append(f"Alerts that were firing when the daemon stopped (last cycle {doc['daemon']['last_cycle_at']}):")
         out.extend(f"  [{a['severity'].upper()}] {a['summary']} since {a['firing_since']}" for a in firing)
+    if doc.get("mirrors"):
+        out.append("Mirrors:")
+        out.extend(_mirror_line(m) for m in doc["mirrors"])
     box = doc.get("outbox")
     if box and (box["targets"] or box["pending"] or box["dropped"]):
         out += ["", f"Notifications: {box['pending']} pending, {len(box['retrying'])} target(s) retrying, "
