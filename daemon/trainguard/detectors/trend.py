@@ -1,28 +1,25 @@
-"""Time-to-full forecast from the trend of available bytes.
+"""The fill trend of a mount from its history of available bytes: rate, time to full, and how much
+evidence backs them.
 
-Disks of training hosts fill in steps (a checkpoint every N minutes) and empty in
-drops (a cleanup). A least-squares line through such a staircase swings with
-every step; instead the slope is a Theil-Sen estimate (median of pairwise slopes)
-over points bucketed across the window, using only pairs far enough apart that a
-single step or drop cannot dominate.
+Disks of training hosts fill in steps (a checkpoint every N minutes) and empty in drops (a cleanup).
+A least-squares line through such a staircase swings with every step; the slope is a Theil-Sen
+estimate (median of pairwise slopes) over points bucketed across the window, using only pairs far
+enough apart that a single step or drop cannot dominate.
 
-A single large write (a dataset download) followed by at least min_span of quiet
-is a change point too: in the middle of the window it would tilt the fit by about
-its size over the window, a forecast for a disk that has stopped filling. Two or
-more such steps are a rhythm (checkpoints) and the whole window is fitted. (A run
-saving a huge checkpoint only every few hours is therefore forecast only once two
-of its steps are in the window; the usage thresholds cover it meanwhile.)
-
-Drops (free space rising by a deletion-sized amount, over one sample or a run of
-them) are handled by what they mean:
-- one drop long enough ago is a change point (someone cleaned up, a run
-  restarted): the trend is fitted on the data after it;
-- one recent drop: the fill rate is measured with the deletion taken out, and
-  nothing is assumed to be deleted again;
-- repeated drops are a regime (a cron cleanup, a trainer keeping its last N
-  checkpoints). Between drops the disk fills at the gross rate; the forecast
-  runs that saw-tooth forward, so a disk that hits zero *before the next
-  cleanup* is caught, and one whose cleanups keep up is left alone.
+Changes of regime:
+- a single large write (a dataset download) followed by min_span of quiet is a change point: the trend
+  is what happened after it. Two or more steps are a rhythm (checkpoints) and the whole window is fitted;
+- a burst is not a trend until it has lasted: the window is halved from the old end while the older
+  half's rate disagrees with the newer half's (a download that started or stopped), and the rate and
+  the evidence (``Trend.evidence``) are those of the newest part that is consistent. The detector
+  alerts only on an ETA no longer than ``evidence_ratio`` times that evidence, so a short burst cannot
+  be extrapolated into an alarm;
+- drops (free space rising by a deletion-sized amount) are read by what they mean: one long enough ago
+  is a change point; one recent drop means the writer's pace counts, with nothing assumed to be deleted
+  again; repeated drops are a regime (a cron cleanup, a trainer keeping its last N checkpoints, a GC at
+  a high-water mark). The *envelope of the lows* (free space just before each cleanup) says whether the
+  saw-tooth is still going down across cycles; only then is the saw-tooth run forward (a disk that hits
+  zero before the next cleanup is caught), and one whose cleanups keep up is left alone.
 """
 
 from __future__ import annotations
@@ -30,19 +27,15 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
-
-from trainguard.detectors import filesystem
-from trainguard.records import Finding, FsSample, Severity
-from trainguard.units import format_bytes, format_duration, format_ratio
-
-if TYPE_CHECKING:
-    from trainguard.config import Forecast
-    from trainguard.store.history import History
+from typing import Sequence
 
 BUCKETS = 48  # points the window is reduced to; 48 -> ~1100 pairs, cheap in pure Python
 MIN_POINTS = 4
 DROP_FRACTION = 0.005  # a rise in free space of >= 0.5 % of the filesystem is a deletion, not noise
+CONSISTENT = 0.5  # halves of a regime whose rates differ by more than 2x are two regimes
+NOISE_RATE = 1e-6  # fraction of the filesystem per second below which a rate is noise (~3.6 ‰/h)
+
+Points = Sequence[tuple[float, float]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,16 +46,22 @@ class Trend:
     eta: float | None  # seconds until avail reaches 0; None when not filling
     cleanup_every: float | None = None  # repeated drops: their median interval, seconds
     cleanup_frees: float | None = None  # and the median bytes each one frees
+    evidence: float = 0.0  # seconds over which the rate has held (the ETA's support); defaults to span
+
+    def __post_init__(self) -> None:
+        if not self.evidence:
+            object.__setattr__(self, "evidence", self.span)
 
 
 @dataclass(frozen=True, slots=True)
 class Drop:
-    ts: float  # time of the first sample after the deletion
+    ts: float  # time of the last sample of the jump
     index: int  # its index in the points
-    freed: float  # bytes the deletion gave back
+    freed: float  # bytes the deletion gave back (a write: minus the bytes written)
+    start: int = 0  # index of the sample just before the jump
 
 
-def _bucketed(points: Sequence[tuple[float, float]], start: float, end: float) -> list[tuple[float, float]]:
+def _bucketed(points: Points, start: float, end: float) -> list[tuple[float, float]]:
     """Last point per time bucket: a staircase keeps its steps, memory and work stay bounded."""
     width = max((end - start) / BUCKETS, 1e-9)
     out: dict[int, tuple[float, float]] = {}
@@ -71,7 +70,7 @@ def _bucketed(points: Sequence[tuple[float, float]], start: float, end: float) -
     return [out[k] for k in sorted(out)]
 
 
-def theil_sen(points: Sequence[tuple[float, float]], min_gap: float) -> float | None:
+def theil_sen(points: Points, min_gap: float) -> float | None:
     slopes = [
         (v2 - v1) / (t2 - t1)
         for i, (t1, v1) in enumerate(points)
@@ -81,8 +80,10 @@ def theil_sen(points: Sequence[tuple[float, float]], min_gap: float) -> float | 
     return statistics.median(slopes) if slopes else None
 
 
-def _consumption(points: Sequence[tuple[float, float]]) -> float | None:
+def consumption(points: Points) -> float | None:
     """Robust bytes/s of consumption (positive: filling) over the points."""
+    if len(points) < MIN_POINTS:
+        return None
     span = points[-1][0] - points[0][0]
     reduced = _bucketed(points, points[0][0], points[-1][0])
     if len(reduced) < MIN_POINTS:
@@ -91,13 +92,39 @@ def _consumption(points: Sequence[tuple[float, float]]) -> float | None:
     return None if slope is None else -slope
 
 
-def _jumps(points: Sequence[tuple[float, float]], size: float, rising: bool) -> list[Drop]:
+def regime(points: Points, size: float, min_span: float) -> tuple[float, float] | None:
+    """(rate, evidence): the consumption rate of the newest consistent part of the points, and its span.
+
+    While the older half of the span disagrees with the newer half (rates more than 2x apart, beyond
+    noise), the older half is another regime: a download that started, or one that stopped."""
+    end = points[-1][0]
+    span = end - points[0][0]
+    part = list(points)
+    noise = NOISE_RATE * size
+    while True:
+        rate = consumption(part)
+        if rate is None:
+            return None
+        half = span / 2
+        if half < min_span:
+            return rate, span
+        older = consumption([p for p in part if p[0] <= end - half])
+        newer = consumption([p for p in part if p[0] >= end - half])
+        if older is None or newer is None:
+            return rate, span
+        hi, lo = max(older, newer), min(older, newer)
+        if hi <= noise or lo >= CONSISTENT * hi:
+            return rate, span
+        part, span = [p for p in part if p[0] >= end - half], half
+
+
+def jumps(points: Points, size: float, rising: bool) -> list[Drop]:
     """Runs of consecutive rises (deletions) or falls (one large write) in free space that add up to
     a deletion-sized amount. A large rm takes several samples; counting each sample as its own drop
     would make one deletion look like a fast periodic cleanup."""
     limit = max(size * DROP_FRACTION, 1.0)
     sign = 1.0 if rising else -1.0
-    jumps: list[Drop] = []
+    found: list[Drop] = []
     i = 1
     while i < len(points):
         if sign * (points[i][1] - points[i - 1][1]) > 0:
@@ -106,19 +133,14 @@ def _jumps(points: Sequence[tuple[float, float]], size: float, rising: bool) -> 
                 j += 1
             moved = sign * (points[j][1] - points[i - 1][1])
             if moved >= limit:
-                jumps.append(Drop(points[j][0], j, sign * moved))
+                found.append(Drop(points[j][0], j, sign * moved, i - 1))
             i = j + 1
         else:
             i += 1
-    return jumps
+    return found
 
 
-def _drops(points: Sequence[tuple[float, float]], size: float) -> list[Drop]:
-    """Deletions: free space rising by a deletion-sized amount."""
-    return _jumps(points, size, rising=True)
-
-
-def _without_drops(points: Sequence[tuple[float, float]], drops: Sequence[Drop]) -> list[tuple[float, float]]:
+def _without_drops(points: Points, drops: Sequence[Drop]) -> list[tuple[float, float]]:
     """The points as if nothing had been deleted: each deletion's bytes taken back out from then on."""
     out = list(points[:drops[0].index])
     given_back = 0.0
@@ -129,107 +151,76 @@ def _without_drops(points: Sequence[tuple[float, float]], drops: Sequence[Drop])
     return out
 
 
-def _sawtooth_eta(avail: float, gross: float, freed: float, first_in: float, period: float) -> float | None:
-    """Seconds until free space reaches 0 filling at `gross` bytes/s, with `freed` bytes given back
-    `first_in` seconds from now and then every `period` seconds; None when the cleanups keep up."""
+def _sawtooth_eta(avail: float, gross: float, loss: float, first_in: float, period: float) -> float | None:
+    """Seconds until free space reaches 0 filling at `gross` bytes/s, with cleanups `first_in` seconds
+    from now and then every `period` seconds that leave the disk `loss` bytes lower each period;
+    None when the cleanups keep up."""
     if avail <= gross * first_in:
         return avail / gross  # full before the next cleanup
-    level = avail - gross * first_in + freed  # just after the next cleanup
-    loss = gross * period - freed  # net bytes lost per period
     if loss <= 0:
         return None
+    freed = gross * period - loss
+    level = avail - gross * first_in + freed  # just after the next cleanup
     # The lowest point of each period is just before its cleanup: the first period whose low reaches 0.
     k = max(0, math.ceil((level - gross * period) / loss))
     return first_in + k * period + (level - k * loss) / gross
 
 
-def fill_trend(avail: Sequence[tuple[float, float]], size: float, now: float, window: float,
-               min_span: float) -> Trend | None:
+def _lows_loss(points: Points, drops: Sequence[Drop], period: float, size: float) -> float:
+    """Bytes the saw-tooth loses per period, from the envelope of its lows (free space just before each
+    cleanup); 0 when the lows are not going down beyond what their own scatter and the steps explain."""
+    lows = [points[d.start] for d in drops]
+    slope = theil_sen(lows, 0.0) or 0.0
+    decline = -slope * (lows[-1][0] - lows[0][0])
+    scatter = max((abs(v - lows[0][1] - slope * (t - lows[0][0])) for t, v in lows), default=0.0)
+    writes = [s.freed for s in jumps(points, size, rising=False)]
+    tolerance = max(size * DROP_FRACTION, 2 * scatter, -statistics.median(writes) if writes else 0.0)
+    return -slope * period if decline > tolerance else 0.0
+
+
+def _cleanup_regime(pts: Points, drops: Sequence[Drop], gross: float, evidence: float, size: float,
+                    now: float) -> Trend:
+    latest = pts[-1][1]
+    span = pts[-1][0] - pts[0][0]
+    period = statistics.median(b.ts - a.ts for a, b in zip(drops, drops[1:]))
+    freed = statistics.median(d.freed for d in drops)
+    lows = [pts[d.start][1] for d in drops]
+    margin = max(size * DROP_FRACTION, max(lows) - min(lows))
+    overdue = now >= drops[-1].ts + 1.5 * period and latest < statistics.median(lows)
+    if overdue or latest < min(lows) - margin:
+        # The cleanup did not come when or where it used to: it may have stopped, so count on none.
+        return Trend(slope=gross, span=span, points=len(pts), eta=latest / gross, evidence=evidence)
+    loss = _lows_loss(pts, drops, period, size)
+    # Expected one period after the last; a late one is still awaited while the disk is above its lows.
+    first_in = max(drops[-1].ts + period - now, 0.0)
+    eta = _sawtooth_eta(latest, gross, loss, first_in, period)
+    return Trend(slope=gross, span=span, points=len(pts), eta=eta, cleanup_every=period, cleanup_frees=freed,
+                 evidence=evidence)
+
+
+def fill_trend(avail: Points, size: float, now: float, window: float, min_span: float) -> Trend | None:
     """Trend of available bytes over the window; None until min_span of data exists."""
     pts = [p for p in avail if now - window <= p[0] <= now]
     if len(pts) < MIN_POINTS or pts[-1][0] - pts[0][0] < min_span:
         return None
     latest = pts[-1][1]
-    drops = _drops(pts, size)
+    drops = jumps(pts, size, rising=True)
     if len(drops) == 1 and pts[-1][0] - drops[0].ts >= min_span:
         pts = pts[drops[0].index:]  # a change point with enough data after it
         drops = []
     if not drops:
-        steps = _jumps(pts, size, rising=False)
+        steps = jumps(pts, size, rising=False)
         if len(steps) == 1 and pts[-1][0] - steps[0].ts >= min_span and steps[0].index > 0:
             # One large write (a dataset download, a single checkpoint) and quiet since: in the middle
             # of the window it would tilt the whole fit; what happened after it is the trend.
             pts = pts[steps[0].index:]
     span = pts[-1][0] - pts[0][0]
-    if not drops:
-        rate = _consumption(pts)
-        if rate is None:
-            return None
-        return Trend(slope=rate, span=span, points=len(pts), eta=latest / rate if rate > 0 else None)
-    gross = _consumption(_without_drops(pts, drops))
-    if gross is None:
+    fitted = regime(_without_drops(pts, drops) if drops else pts, size, min_span)
+    if fitted is None:
         return None
-    if len(drops) == 1 or gross <= 0:
-        # One recent deletion: the writer's pace, without assuming someone deletes again.
-        return Trend(slope=gross, span=span, points=len(pts), eta=latest / gross if gross > 0 else None)
-    period = statistics.median(b.ts - a.ts for a, b in zip(drops, drops[1:]))
-    freed = statistics.median(d.freed for d in drops)
-    overdue_at = drops[-1].ts + 1.5 * period
-    if now >= overdue_at:
-        # The cleanup did not come when it used to: it may have stopped, so count on none.
-        return Trend(slope=gross, span=span, points=len(pts), eta=latest / gross)
-    # Expected one period after the last; a late one is still awaited until it is overdue.
-    first_in = max(drops[-1].ts + period, now) - now
-    eta = _sawtooth_eta(latest, gross, freed, first_in or overdue_at - now, period)
-    return Trend(slope=gross, span=span, points=len(pts), eta=eta, cleanup_every=period, cleanup_frees=freed)
-
-
-def mount_trend(sample: FsSample, history: History, cfg: Forecast, now: float) -> Trend | None:
-    """A sampled mount's fill trend from its history: the one fit the detector, the metrics
-    and `status` all show. None for a mount without usable usage."""
-    if not sample.responsive or sample.usage is None or sample.usage.size_bytes <= 0:
-        return None
-    points = history.points(f"fs.avail_bytes:{sample.mount.mount_point}", now - cfg.window)
-    return fill_trend(points, sample.usage.size_bytes, now, cfg.window, cfg.min_span)
-
-
-HINT = "free space now (trainguard cleanup --dry-run shows candidates) or move output to a larger volume"
-
-
-def detect(inp) -> list[Finding]:
-    cfg = inp.config.forecast
-    if not cfg.enabled:
-        return []
-    findings: list[Finding] = []
-    for sample in inp.snapshot.filesystems:
-        mp = sample.mount.mount_point
-        if filesystem.ignored(inp.config.filesystems, mp):
-            continue
-        trend = inp.trend(sample)
-        if trend is None or trend.eta is None:
-            continue
-        key = f"fs.forecast:{mp}"
-        active = inp.active.get(key)
-        # Hysteresis in time: an active forecast alert clears only when the ETA moves 20 % past its limit.
-        slack = 1.2 if active is not None else 1.0
-        if trend.eta < cfg.critical * (slack if active is Severity.CRITICAL else 1.0):
-            severity, threshold = Severity.CRITICAL, cfg.critical
-        elif trend.eta < cfg.warning * slack:
-            severity, threshold = Severity.WARNING, cfg.warning
-        else:
-            continue
-        usage = sample.usage
-        rate_per_hour = trend.slope * 3600
-        findings.append(Finding(
-            key=key, severity=severity,
-            summary=(f"{mp} {format_ratio(usage.used_ratio)} full, ~{format_duration(trend.eta)} left "
-                     f"at {format_bytes(rate_per_hour)}/h"
-                     + (f", counting the cleanup that frees {format_bytes(trend.cleanup_frees)} every "
-                        f"{format_duration(trend.cleanup_every)}" if trend.cleanup_every else "")),
-            details={"mountpoint": mp, "eta_seconds": round(trend.eta), "fill_bytes_per_second": round(trend.slope, 1),
-                     "avail_bytes": usage.avail_bytes, "used_ratio": round(usage.used_ratio, 4),
-                     "fitted_span_seconds": round(trend.span)},
-            labels=filesystem.labels_for(sample),
-            value=trend.eta, threshold=threshold, hint=HINT,
-        ))
-    return findings
+    rate, evidence = fitted
+    if not drops or len(drops) == 1 or rate <= 0:
+        # No deletion, or one recent one: the writer's pace, without assuming someone deletes again.
+        return Trend(slope=rate, span=span, points=len(pts), eta=latest / rate if rate > 0 else None,
+                     evidence=evidence)
+    return _cleanup_regime(pts, drops, rate, evidence, size, now)

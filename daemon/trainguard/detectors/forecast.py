@@ -1,0 +1,79 @@
+"""Time-to-full forecast finding (``fs.forecast:<mount>``) from the mount's fill trend (detectors.trend).
+
+An alert needs evidence as well as a short ETA: the trend must rest on at least ``min_samples`` samples
+and ``min_span`` of history, and the ETA may reach at most ``evidence_ratio`` times as far ahead as the
+rate has held (``Trend.evidence``). In the first hours of history, during a download that will stop, or
+on the rising edge of a saw-tooth just after a change, the forecast is shown but not alerted on.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from trainguard.detectors import filesystem
+from trainguard.detectors.trend import Trend, fill_trend, theil_sen  # noqa: F401  (re-exported)
+from trainguard.records import Finding, FsSample, Severity
+from trainguard.units import format_bytes, format_duration, format_ratio
+
+if TYPE_CHECKING:
+    from trainguard.config import Forecast
+    from trainguard.store.history import History
+
+
+def mount_trend(sample: FsSample, history: History, cfg: Forecast, now: float) -> Trend | None:
+    """A sampled mount's fill trend from its history: the one fit the detector, the metrics
+    and `status` all show. None for a mount without usable usage."""
+    if not sample.responsive or sample.usage is None or sample.usage.size_bytes <= 0:
+        return None
+    points = history.points(f"fs.avail_bytes:{sample.mount.mount_point}", now - cfg.window)
+    return fill_trend(points, sample.usage.size_bytes, now, cfg.window, cfg.min_span)
+
+
+def level(trend: Trend | None, cfg: Forecast, active: Severity | None = None) -> tuple[Severity, float] | None:
+    """(severity, threshold) the trend alerts at, or None. Hysteresis in time: an active alert clears
+    only when the ETA moves 20 % past its limit."""
+    if trend is None or trend.eta is None or trend.points < cfg.min_samples:
+        return None
+    slack = 1.2 if active is not None else 1.0
+    if trend.eta > cfg.evidence_ratio * trend.evidence * slack:
+        return None  # a forecast further ahead than the rate has held: not enough evidence yet
+    if trend.eta < cfg.critical * (slack if active is Severity.CRITICAL else 1.0):
+        return Severity.CRITICAL, cfg.critical
+    if trend.eta < cfg.warning * slack:
+        return Severity.WARNING, cfg.warning
+    return None
+
+
+HINT = "free space now (trainguard cleanup --dry-run shows candidates) or move output to a larger volume"
+
+
+def detect(inp) -> list[Finding]:
+    cfg = inp.config.forecast
+    if not cfg.enabled:
+        return []
+    findings: list[Finding] = []
+    for sample in inp.snapshot.filesystems:
+        mp = sample.mount.mount_point
+        if filesystem.ignored(inp.config.filesystems, mp):
+            continue
+        trend = inp.trend(sample)
+        key = f"fs.forecast:{mp}"
+        alert = level(trend, cfg, inp.active.get(key))
+        if alert is None:
+            continue
+        severity, threshold = alert
+        usage = sample.usage
+        rate_per_hour = trend.slope * 3600
+        findings.append(Finding(
+            key=key, severity=severity,
+            summary=(f"{mp} {format_ratio(usage.used_ratio)} full, ~{format_duration(trend.eta)} left "
+                     f"at {format_bytes(rate_per_hour)}/h"
+                     + (f", counting the cleanup that frees {format_bytes(trend.cleanup_frees)} every "
+                        f"{format_duration(trend.cleanup_every)}" if trend.cleanup_every else "")),
+            details={"mountpoint": mp, "eta_seconds": round(trend.eta), "fill_bytes_per_second": round(trend.slope, 1),
+                     "avail_bytes": usage.avail_bytes, "used_ratio": round(usage.used_ratio, 4),
+                     "fitted_span_seconds": round(trend.span), "evidence_seconds": round(trend.evidence)},
+            labels=filesystem.labels_for(sample),
+            value=trend.eta, threshold=threshold, hint=HINT,
+        ))
+    return findings
