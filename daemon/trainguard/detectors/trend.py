@@ -166,15 +166,18 @@ def _sawtooth_eta(avail: float, gross: float, loss: float, first_in: float, peri
     return first_in + k * period + (level - k * loss) / gross
 
 
-def _lows_loss(points: Points, drops: Sequence[Drop], period: float, size: float) -> float:
+def _lows_loss(points: Points, drops: Sequence[Drop], period: float, size: float, gross: float) -> float:
     """Bytes the saw-tooth loses per period, from the envelope of its lows (free space just before each
     cleanup); 0 when the lows are not going down beyond what their own scatter and the steps explain."""
     lows = [points[d.start] for d in drops]
     slope = theil_sen(lows, 0.0) or 0.0
     decline = -slope * (lows[-1][0] - lows[0][0])
     scatter = max((abs(v - lows[0][1] - slope * (t - lows[0][0])) for t, v in lows), default=0.0)
-    writes = [s.freed for s in jumps(points, size, rising=False)]
-    tolerance = max(size * DROP_FRACTION, 2 * scatter, -statistics.median(writes) if writes else 0.0)
+    # Checkpoint writes (falls much faster than the gross rate) decide how far past the mark a GC
+    # triggers: lows scattered by one checkpoint are not a decline.
+    writes = [-s.freed for s in jumps(points, size, rising=False)
+              if -s.freed > 4 * gross * max(s.ts - points[s.start][0], 1.0)]
+    tolerance = max(size * DROP_FRACTION, 2 * scatter, statistics.median(writes) if writes else 0.0)
     return -slope * period if decline > tolerance else 0.0
 
 
@@ -190,10 +193,16 @@ def _cleanup_regime(pts: Points, drops: Sequence[Drop], gross: float, evidence: 
     if overdue or latest < min(lows) - margin:
         # The cleanup did not come when or where it used to: it may have stopped, so count on none.
         return Trend(slope=gross, span=span, points=len(pts), eta=latest / gross, evidence=evidence)
-    loss = _lows_loss(pts, drops, period, size)
-    # Expected one period after the last; a late one is still awaited while the disk is above its lows.
-    first_in = max(drops[-1].ts + period - now, 0.0)
-    eta = _sawtooth_eta(latest, gross, loss, first_in, period)
+    loss = _lows_loss(pts, drops, period, size, gross)
+    if loss <= 0:
+        # The lows hold: each cleanup has come before the disk went lower (a high-water-mark GC, a
+        # keep-last trainer). The next is awaited at that level, whenever the writer gets there.
+        eta = None
+    else:
+        # Going down across cycles: run the saw-tooth forward, cleanups expected one period apart
+        # (a late one is still awaited while the disk is above its lows).
+        first_in = max(drops[-1].ts + period - now, 0.0)
+        eta = _sawtooth_eta(latest, gross, loss, first_in, period)
     return Trend(slope=gross, span=span, points=len(pts), eta=eta, cleanup_every=period, cleanup_frees=freed,
                  evidence=evidence)
 
