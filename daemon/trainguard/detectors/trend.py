@@ -61,6 +61,41 @@ class Drop:
     start: int = 0  # index of the sample just before the jump
 
 
+@dataclass(frozen=True, slots=True)
+class Step:
+    start: float  # time of the sample before the fall
+    end: float  # time of its last falling sample
+    nbytes: float
+
+
+def steps(points: Points, size: float) -> tuple[list[Step], float]:
+    """Checkpoint-sized falls of free space (beyond noise and the background rate), and that background
+    rate in bytes/s (positive: filling)."""
+    if len(points) < 3:
+        return [], 0.0
+    diffs = [(points[i][1] - points[i - 1][1], points[i][0] - points[i - 1][0]) for i in range(1, len(points))]
+    base = statistics.median(d / max(dt, 1e-9) for d, dt in diffs)
+    spread = 1.4826 * statistics.median(abs(d - base * dt) for d, dt in diffs)
+    found: list[Step] = []
+    i = 0
+    while i < len(diffs):
+        if diffs[i][0] - base * diffs[i][1] < -4 * spread - 1.0:
+            j = i
+            while j + 1 < len(diffs) and diffs[j + 1][0] - base * diffs[j + 1][1] < -4 * spread - 1.0:
+                j += 1
+            fell = points[i][1] - points[j + 1][1] + base * (points[j + 1][0] - points[i][0])
+            if fell >= max(size * DROP_FRACTION, 8 * spread):
+                found.append(Step(points[i][0], points[j + 1][0], fell))
+            i = j + 1
+        else:
+            i += 1
+    # The background: what fell outside the steps, over the span (the median of the per-sample changes
+    # leans toward the steps when they take several samples each).
+    span = points[-1][0] - points[0][0]
+    outside = points[0][1] - points[-1][1] - sum(s.nbytes for s in found)
+    return found, max(outside / span if span > 0 else -base, 0.0)
+
+
 def _bucketed(points: Points, start: float, end: float) -> list[tuple[float, float]]:
     """Last point per time bucket: a staircase keeps its steps, memory and work stay bounded."""
     width = max((end - start) / BUCKETS, 1e-9)
@@ -207,6 +242,31 @@ def _cleanup_regime(pts: Points, drops: Sequence[Drop], gross: float, evidence: 
                  evidence=evidence)
 
 
+def _stepped_eta(pts: Points, size: float, rate: float, now: float) -> float | None:
+    """With a checkpoint rhythm (size and period learned from the steps) that explains the rate, the disk
+    is full during the write that does not fit: that write's time, not where a line through the
+    staircase reaches zero (up to one period later). None without such a rhythm."""
+    found, background = steps(pts, size)
+    if len(found) < 3:
+        return None
+    every = statistics.median(b.start - a.start for a, b in zip(found, found[1:]))
+    nbytes = statistics.median(s.nbytes for s in found[-5:])
+    if every <= 0 or abs(nbytes / every + background - rate) > 0.3 * rate:
+        return None
+    write = statistics.median(s.end - s.start for s in found)
+    avail, at = pts[-1][1], found[-1].start + every
+    while at < now:
+        at += every
+    for k in range(int(avail / nbytes) + 2):
+        free = avail - background * (at - now) - k * nbytes  # just before write k
+        if free <= 0:
+            return max(at - now + free / background, 0.0) if background > 0 else at - now
+        if free < nbytes:
+            return at - now + write * free / nbytes
+        at += every
+    return None
+
+
 def fill_trend(avail: Points, size: float, now: float, window: float, min_span: float) -> Trend | None:
     """Trend of available bytes over the window; None until min_span of data exists."""
     pts = [p for p in avail if now - window <= p[0] <= now]
@@ -230,6 +290,6 @@ def fill_trend(avail: Points, size: float, now: float, window: float, min_span: 
     rate, evidence = fitted
     if not drops or len(drops) == 1 or rate <= 0:
         # No deletion, or one recent one: the writer's pace, without assuming someone deletes again.
-        return Trend(slope=rate, span=span, points=len(pts), eta=latest / rate if rate > 0 else None,
-                     evidence=evidence)
+        eta = None if rate <= 0 else (not drops and _stepped_eta(pts, size, rate, now)) or latest / rate
+        return Trend(slope=rate, span=span, points=len(pts), eta=eta, evidence=evidence)
     return _cleanup_regime(pts, drops, rate, evidence, size, now)
