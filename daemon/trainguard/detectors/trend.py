@@ -81,11 +81,17 @@ def steps(points: Points, size: float) -> tuple[list[Step], float]:
     while i < len(diffs):
         if diffs[i][0] - base * diffs[i][1] < -4 * spread - 1.0:
             j = i
-            while j + 1 < len(diffs) and diffs[j + 1][0] - base * diffs[j + 1][1] < -4 * spread - 1.0:
+            # Hysteresis: a write starts beyond 4x the noise and goes on while it still falls past
+            # half of it, so jitter on top of a slower write does not split it in two.
+            while j + 1 < len(diffs) and diffs[j + 1][0] - base * diffs[j + 1][1] < -0.5 * spread - 1.0:
                 j += 1
-            fell = points[i][1] - points[j + 1][1] + base * (points[j + 1][0] - points[i][0])
+            first = i
+            while first > 0 and (not found or points[first][0] > found[-1].end) \
+                    and diffs[first - 1][0] - base * diffs[first - 1][1] < -0.5 * spread - 1.0:
+                first -= 1  # its first, slower samples
+            fell = points[first][1] - points[j + 1][1] + base * (points[j + 1][0] - points[first][0])
             if fell >= max(size * DROP_FRACTION, 8 * spread):
-                found.append(Step(points[i][0], points[j + 1][0], fell))
+                found.append(Step(points[first][0], points[j + 1][0], fell))
             i = j + 1
         else:
             i += 1
