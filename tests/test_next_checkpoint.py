@@ -3,6 +3,8 @@ period) and from the newest checkpoint under a checkpoints policy's roots, judge
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from trainguard import config as configmod
 from trainguard.detectors import DetectorInput, checkpoint
@@ -105,3 +107,25 @@ def test_disabled():
     config = configmod.parse({"forecast": {"next_checkpoint": False}}, "test")
     assert detect_at(process, 5.5 * EVERY, config) == []
     assert detect_at(process, 5.5 * EVERY)
+
+
+def test_the_sampler_reports_the_newest_checkpoint_under_each_root(tmp_path):
+    from trainguard.sources.checkpoints import CheckpointSampler
+
+    run = tmp_path / "runs" / "llama"
+    for step, nbytes, mtime in (("checkpoint-100", 3000, 1000), ("checkpoint-200", 5000, 2000)):
+        d = run / step
+        d.mkdir(parents=True)
+        (d / "model.safetensors").write_bytes(b"x" * nbytes)
+        (d / "optimizer.pt").write_bytes(b"y" * 100)
+        os.utime(d, (mtime, mtime))
+    (run / "old.pt").write_bytes(b"z" * 9000)
+    os.utime(run / "old.pt", (500, 500))
+    config = configmod.parse({"cleanup": [{"name": "c", "type": "checkpoints", "roots": [str(tmp_path / "runs")]}]},
+                             "test")
+    here = FsSample(mount("/"), T0, None)
+    (fact,) = CheckpointSampler(config.cleanup).sample(T0, (here,))
+    assert (fact.mount_point, fact.newest_bytes, fact.newest_mtime) == ("/", 5100, 2000)
+    assert fact.newest_path.endswith("checkpoint-200")
+    hung = FsSample(mount("/"), T0, None, responsive=False, unresponsive_since=T0)
+    assert CheckpointSampler(config.cleanup).sample(T0, (hung,)) == ()  # never read a mount that hangs
