@@ -249,3 +249,60 @@ def test_the_metrics_reuse_the_detectors_fit():
     # What the metrics read is the memo itself, not a second fit of the same points.
     inp.trends["/data"] = dataclasses.replace(fitted, eta=123.0)
     assert fill_etas(inp) == {"/data": 123.0}
+
+
+def alert_episodes(process, start, end, every=900.0, seed=1):
+    """Forecast alert episodes of a daemon that has sampled the process since t=0, evaluated every
+    `every` seconds from `start` to `end` (the detector's own decision, hysteresis included)."""
+    cfg = configmod.parse({}, "test").forecast
+    pts = process.sample(0.0, end, seed=seed)
+    count, active, first = 0, None, None
+    t = start
+    while t <= end:
+        window = [p for p in pts if t - WINDOW <= p[0] <= t]
+        alert = forecast.level(fill_trend(window, process.size, t, WINDOW, cfg.min_span), cfg, active)
+        if alert and active is None:
+            count += 1
+            first = t
+        active = alert[0] if alert else None
+        t += every
+    return count, first
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("family", ["churn 60-72", "churn 85-97", "download", "bursty logs"])
+def test_never_filling_families_raise_no_alert(family, seed):
+    process = {"churn 60-72": lambda: traces.gc_churn(0.60, 0.72, seed),
+               "churn 85-97": lambda: traces.gc_churn(0.85, 0.97, seed),
+               "download": lambda: traces.download_then_flat(seed),
+               "bursty logs": lambda: traces.bursty_logs(seed)}[family]()
+    assert alert_episodes(process, WINDOW, 30 * H, seed=seed)[0] == 0
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_no_alert_in_warm_up(seed):
+    """The daemon starts with the run: installs and a dataset extraction in the first hour of history
+    must not be extrapolated into an alarm."""
+    assert alert_episodes(traces.warm_up(seed), 600.0, 10 * H, every=300.0, seed=seed)[0] == 0
+
+
+def test_a_download_in_progress_is_not_yet_a_trend():
+    process = traces.download_then_flat(1)
+    trend = fill_trend(process.sample(0, 4.5 * H), process.size, 4.5 * H, WINDOW, 1800)
+    assert trend.evidence < 2 * H  # the download's own span, not the quiet hours before it
+    assert forecast.level(trend, configmod.parse({}, "test").forecast) is None
+
+
+@pytest.mark.parametrize("make", [traces.steady, traces.slow_leak, traces.checkpoints], ids=lambda m: m.__name__)
+def test_filling_families_warn_six_hours_ahead_once(make):
+    process = make()
+    full_at = process.time_to_full(0.0, step=60.0)
+    count, first = alert_episodes(process, WINDOW, full_at - 600, every=120.0)
+    assert count == 1 and full_at - first >= 5.9 * H
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_slow_leak_eta(seed):
+    process = traces.slow_leak(rate_per_h=(1 + seed / 2) * GiB)
+    trend, real = trend_at(process, 6 * H, seed)
+    assert trend.eta == pytest.approx(real, rel=0.05)

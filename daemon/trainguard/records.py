@@ -86,6 +86,18 @@ class DiskIo:
 
 
 @dataclass(frozen=True, slots=True)
+class CheckpointFact:
+    """The newest checkpoint under a checkpoints cleanup policy's root, as sampled this cycle (the
+    next-checkpoint detector reads it here instead of the disk)."""
+
+    root: str
+    mount_point: str  # the mount holding the root
+    newest_bytes: int
+    newest_mtime: float
+    newest_path: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """Everything sampled in one cycle."""
 
@@ -97,6 +109,7 @@ class Snapshot:
     gpu_status: "NvmlStatus | None" = None  # None: GPU sampling not configured in this cycle
     log_matches: tuple["LogMatch", ...] = ()  # recent matches in watched training logs
     mirrors: tuple["MirrorState", ...] = ()  # the mirror worker's latest states (none configured: empty)
+    checkpoints: tuple[CheckpointFact, ...] = ()  # newest checkpoint per checkpoints-policy root
 
     def disk_for(self, mount: Mount) -> DiskIo | None:
         for disk in self.disks:

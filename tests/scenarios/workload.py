@@ -87,6 +87,8 @@ window = "60s"
 min_span = "{min_span:g}s"
 warning = "60s"            # the field report's "warn 6 h ahead", scaled
 critical = "2s"
+min_samples = 5            # the whole scaled run is 15 samples
+evidence_ratio = 3         # and its 60 s window is four runs long: the field's 6 h window scaled, not the run
 
 [alerts]
 keep_firing_for = "{keep_firing_for:g}s"

@@ -111,3 +111,97 @@ def one_download(size: float = 100 * GiB, at_s: float = 4 * 3600, takes_s: float
         return start_free - size * min(max((t - at_s) / takes_s, 0.0), 1.0)
 
     return Process("one download", avail, noise=noise)
+
+
+def slow_leak(rate_per_h: float = 2 * GiB, start_free: float = 60 * GiB, noise: float = 0.1 * GiB) -> Process:
+    """A slow leak (a forgotten log, a core-dump loop): a few GiB per hour on a disk with little room."""
+    return Process("slow leak", lambda t: start_free - rate_per_h * t / 3600, noise=noise)
+
+
+def from_events(name: str, start_free: float, events: list[tuple[float, float, float]], size: int = SIZE,
+                noise: float = 0.2 * GiB) -> Process:
+    """A process from sorted (start, duration, bytes) events: bytes > 0 written, < 0 freed, each spread
+    linearly over its duration. Looked up by bisection, so long traces stay cheap to sample."""
+    import bisect
+
+    chunked: list[tuple[float, float, float]] = []
+    for start, duration, nbytes in events:  # long ramps in 300 s pieces: few events overlap any moment
+        pieces = max(1, int(duration // 300))
+        chunked.extend((start + k * duration / pieces, duration / pieces, nbytes / pieces) for k in range(pieces))
+    events = sorted(chunked)
+    starts = [e[0] for e in events]
+    done = [0.0]
+    for _, _, nbytes in events:
+        done.append(done[-1] + nbytes)
+
+    def avail(t: float) -> float:
+        k = bisect.bisect_right(starts, t)
+        written = done[max(k - 6, 0)]
+        for start, duration, nbytes in events[max(k - 6, 0):k]:
+            written += nbytes * (min((t - start) / duration, 1.0) if duration > 0 else 1.0)
+        return start_free - written
+
+    return Process(name, avail, size=size, noise=noise)
+
+
+def gc_churn(low: float, high: float, seed: int = 1, size: int = 200 * GiB, ckpt: float = 4 * GiB,
+             every_s: float = 1200, hours: float = 480) -> Process:
+    """Checkpoints (size and interval +-15 %) until used > high, then a keep-last GC deletes the oldest
+    down to used <= low: a saw-tooth between low and high that never fills."""
+    rng = random.Random(seed)
+    used, t, events, kept = low * size, rng.uniform(0, every_s), [], []
+    while t < hours * 3600:
+        nbytes = ckpt * rng.uniform(0.85, 1.15)
+        events.append((t, 90.0, nbytes))
+        used += nbytes
+        kept.append(nbytes)
+        if used > high * size:
+            freed = 0.0
+            while used - freed > low * size and len(kept) > 1:
+                freed += kept.pop(0)
+            events.append((t + 120.0, 30.0, -freed))
+            used -= freed
+        t += every_s * rng.uniform(0.85, 1.15)
+    return from_events(f"GC churn {low:.0%}-{high:.0%}", size * (1 - low), events, size=size, noise=0.05 * GiB)
+
+
+def download_then_flat(seed: int = 1, start_free: float = 180 * GiB, size: int = 500 * GiB) -> Process:
+    """A 35-55 GB model or dataset download at 10-15 MB/s after a few idle hours, then a flat disk."""
+    rng = random.Random(seed)
+    nbytes, rate = rng.uniform(35e9, 55e9), rng.uniform(10e6, 15e6)
+    at = 3 * 3600 + rng.uniform(0, 3600)
+    events = [(at, nbytes / rate, nbytes), (at + nbytes / rate, 30 * 86400, 0.02 * GiB * 30 * 24)]
+    return from_events("download then flat", start_free, events, size=size, noise=0.1 * GiB)
+
+
+def bursty_logs(seed: int = 1, start_free: float = 90 * GiB, hours: float = 480) -> Process:
+    """Logs at 0.3 GiB/h with 2-4 GiB bursts (an eval dump) every 1-2 h, rotated away every day at 00:00."""
+    rng = random.Random(seed)
+    events, since_rotation, t = [], 0.0, 0.0
+    for day in range(int(hours // 24) + 1):
+        t = day * 86400.0
+        if day:
+            events.append((t, 60.0, -since_rotation))
+            since_rotation = 0.0
+        events.append((t + 60, 86400 - 120, 0.3 * GiB * 24))
+        since_rotation += 0.3 * GiB * 24
+        burst_at = t + rng.uniform(1800, 3600)
+        while burst_at < t + 86400 - 600:
+            nbytes = rng.uniform(2, 4) * GiB
+            events.append((burst_at, 300.0, nbytes))
+            since_rotation += nbytes
+            burst_at += rng.uniform(3600, 7200)
+    events.sort()
+    return from_events("bursty logs, daily rotation", start_free, events, noise=0.1 * GiB)
+
+
+def warm_up(seed: int = 1, start_free: float = 60 * GiB, size: int = 500 * GiB) -> Process:
+    """A run starting on a 88 %-full disk while the daemon starts too: pip/cache installs (3-8 GiB in
+    a few minutes), a dataset extracted (10-15 GiB over 30-40 min), then logs at 0.2 GiB/h. Never fills."""
+    rng = random.Random(seed)
+    installs, dataset = rng.uniform(3, 8) * GiB, rng.uniform(10, 15) * GiB
+    at = rng.uniform(300, 1200)
+    extract = rng.uniform(1800, 2400)
+    events = [(at, 240.0, installs), (at + 600, extract, dataset),
+              (at + 600 + extract, 30 * 86400, 0.2 * GiB * 30 * 24)]
+    return from_events("warm-up", start_free, events, size=size, noise=0.3 * GiB)

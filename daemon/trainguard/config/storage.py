@@ -89,6 +89,15 @@ class Forecast(Strict):
     min_span: Duration = 30 * 60.0  # no forecast before this much data
     warning: PositiveDuration = 6 * 3600.0  # warn when the filesystem fills within this
     critical: PositiveDuration = 3600.0
+    # Minimum evidence before an alert: this many samples, and an ETA at most this many times as far
+    # ahead as the rate has held (a burst of 1 h cannot raise a "full in 3 h" alarm at 1.0).
+    min_samples: int = Field(30, ge=4)
+    evidence_ratio: float = Field(1.0, gt=0)
+    # "The next checkpoint will not fit" (fs.next_checkpoint): learned from the steps in free space.
+    next_checkpoint: bool = True
+    checkpoint_margin: Ratio = 0.10  # free space must exceed the next checkpoint by this fraction
+    checkpoint_min_steps: int = Field(3, ge=2)  # steps seen before their size and period count
+    checkpoint_critical: Duration = 1800.0  # critical when the next write is expected within this
 
     @model_validator(mode="after")
     def _ordered(self) -> "Forecast":

@@ -44,11 +44,12 @@ Detector = Callable[[DetectorInput], list[Finding]]
 
 
 def _registry() -> dict[str, Detector]:
-    from trainguard.detectors import filesystem, forecast, gpu, io, mirror
+    from trainguard.detectors import checkpoint, filesystem, forecast, gpu, io, mirror
 
     return {
         "filesystem": filesystem.detect,
         "forecast": forecast.detect,
+        "next_checkpoint": checkpoint.detect,
         "io": io.detect,
         "mirror": mirror.detect,
         **gpu.GPU_DETECTORS,

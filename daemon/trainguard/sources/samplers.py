@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from trainguard import config as configmod
 from trainguard.clock import Clock
 from trainguard.records import NvmlState, NvmlStatus, Snapshot
+from trainguard.sources.checkpoints import CheckpointSampler
 from trainguard.sources.diskstats import DiskstatsSampler
 from trainguard.sources.fs import FsSampler
 from trainguard.sources.gpu import GpuSampler, load_nvml
@@ -28,6 +29,7 @@ class Samplers:
     disks: DiskstatsSampler
     gpu: GpuSampler | None = None
     logs: LogWatcher | None = None
+    checkpoints: CheckpointSampler | None = None
 
     @classmethod
     def from_config(cls, cfg: configmod.Config, clock: Clock, *, nvml=None, follow_logs: bool = False) -> "Samplers":
@@ -42,6 +44,7 @@ class Samplers:
             disks=DiskstatsSampler(clock=clock, proc_root=cfg.general.proc_root),
             gpu=gpu_sampler(cfg, clock, nvml),
             logs=logs,
+            checkpoints=CheckpointSampler(cfg.cleanup) if cfg.forecast.next_checkpoint else None,
         )
 
     def sample(self, now: float) -> Snapshot:
@@ -53,7 +56,8 @@ class Samplers:
             gpus, gpu_status = (), NvmlStatus(NvmlState.OFF, "GPU monitoring is disabled ([gpu] enabled = false)")
         return Snapshot(ts=now, filesystems=tuple(filesystems), disks=tuple(self.disks.sample()),
                         missing_paths=tuple(missing), gpus=gpus, gpu_status=gpu_status,
-                        log_matches=self.logs.recent(now) if self.logs is not None else ())
+                        log_matches=self.logs.recent(now) if self.logs is not None else (),
+                        checkpoints=self.checkpoints.sample(now, filesystems) if self.checkpoints else ())
 
     def close(self) -> None:
         self.fs.close()

@@ -1,0 +1,99 @@
+"""``fs.next_checkpoint:<mount>``: the next checkpoint will not fit.
+
+A trainer saves a checkpoint of about the same size every N minutes: in the history of free space these
+are steps, falls far faster than the background writes. From the last steps the detector learns their
+size and period; with a checkpoints cleanup policy configured, the newest checkpoint under its roots
+(sampled into ``Snapshot.checkpoints``) is a lower bound on the size. It warns when the free space
+expected at the next write (now's, less the background writes until then) is less than the checkpoint
+plus a margin, *before* that write, with its expected time; critical when the write is imminent.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Sequence
+
+from trainguard.detectors import filesystem
+from trainguard.detectors.trend import Points, steps
+from trainguard.records import CheckpointFact, Finding, Severity
+from trainguard.units import format_bytes, format_duration, format_ratio
+
+STALE_PERIODS = 3.0  # a rhythm not seen for this many periods has stopped (the run ended)
+
+
+@dataclass(frozen=True, slots=True)
+class Rhythm:
+    nbytes: float  # size of the next checkpoint
+    every: float | None  # seconds between checkpoint writes; None: not known (size from a root only)
+    last: float | None  # start of the newest write
+    background: float  # bytes/s written between checkpoints
+
+
+def rhythm(points: Points, size: float, facts: Sequence[CheckpointFact], min_steps: int, now: float) -> Rhythm | None:
+    """What the next checkpoint on the mount will be, from its steps and the policy roots' newest checkpoints."""
+    found, background = steps(points, size)
+    newest = max((f.newest_bytes for f in facts), default=0)
+    if len(found) >= min_steps:
+        done = [s for s in found if s.end < points[-1][0]] or found  # the write in progress may be partial
+        every = statistics.median(b.start - a.start for a, b in zip(found, found[1:]))
+        last = found[-1].start
+        if now - last <= STALE_PERIODS * every:
+            nbytes = max(statistics.median(s.nbytes for s in done[-5:]), done[-1].nbytes, newest)
+            return Rhythm(nbytes, every, last, background)
+    return Rhythm(float(newest), None, None, background) if newest else None
+
+
+def _judge(r: Rhythm, avail: float, cfg, now: float) -> tuple[Severity, float | None, float, float] | None:
+    """(severity, next write time, free then, needed) when the next checkpoint will not fit."""
+    need = r.nbytes * (1 + cfg.checkpoint_margin)
+    if r.every is None:
+        return (Severity.WARNING, None, avail, need) if avail < need else None
+    next_at = r.last + r.every
+    while next_at < now - 0.5 * r.every:  # missed beats: the next one is due on the rhythm
+        next_at += r.every
+    next_at = max(next_at, now)
+    free_then = avail - r.background * (next_at - now)
+    if free_then >= need:
+        return None
+    severity = Severity.CRITICAL if next_at - now <= cfg.checkpoint_critical else Severity.WARNING
+    return severity, next_at, free_then, need
+
+
+HINT = ("free space before the next save (trainguard cleanup --dry-run shows candidates), lower keep_last, "
+        "or save to a larger volume")
+
+
+def detect(inp) -> list[Finding]:
+    cfg = inp.config.forecast
+    if not cfg.enabled or not cfg.next_checkpoint:
+        return []
+    findings: list[Finding] = []
+    for sample in inp.snapshot.filesystems:
+        mp, usage = sample.mount.mount_point, sample.usage
+        if filesystem.ignored(inp.config.filesystems, mp) or not sample.responsive or usage is None:
+            continue
+        points = inp.history.points(f"fs.avail_bytes:{mp}", inp.now - cfg.window)
+        facts = [f for f in inp.snapshot.checkpoints if f.mount_point == mp]
+        r = rhythm(points, usage.size_bytes, facts, cfg.checkpoint_min_steps, inp.now)
+        verdict = _judge(r, usage.avail_bytes, cfg, inp.now) if r is not None else None
+        if verdict is None:
+            continue
+        severity, next_at, free_then, need = verdict
+        when = ("at the next save (its time is not known yet)" if next_at is None
+                else f"at the next save, expected in ~{format_duration(next_at - inp.now)}")
+        findings.append(Finding(
+            key=f"fs.next_checkpoint:{mp}", severity=severity,
+            summary=(f"{mp} {format_ratio(usage.used_ratio)} full: the next checkpoint "
+                     f"(~{format_bytes(r.nbytes)}) will not fit {when}; {format_bytes(max(free_then, 0))} "
+                     f"free then"),
+            details={"mountpoint": mp, "checkpoint_bytes": round(r.nbytes), "needed_bytes": round(need),
+                     "avail_bytes": usage.avail_bytes, "avail_at_next_bytes": round(free_then),
+                     "next_write_ts": round(next_at) if next_at is not None else None,
+                     "next_write_in_seconds": round(next_at - inp.now) if next_at is not None else None,
+                     "every_seconds": round(r.every) if r.every else None,
+                     "roots": [f.root for f in facts]},
+            labels=filesystem.labels_for(sample),
+            value=free_then, threshold=need, hint=HINT,
+        ))
+    return findings
