@@ -33,6 +33,8 @@ UNIT = REPO / "systemd" / "trainguard.service"
 RULES = REPO / "deploy" / "prometheus" / "trainguard.rules.yml"
 RULE_TESTS = REPO / "deploy" / "prometheus" / "trainguard.rules.test.yml"
 DASHBOARD = REPO / "deploy" / "grafana" / "trainguard.json"
+DASHBOARD_SCHEMA = REPO / "deploy" / "grafana" / "dashboard.schema.json"
+ALERTMANAGER = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
 MAX_EXPOSURE = 3.5  # systemd-analyze security score; README records the current figure
 
 
@@ -79,7 +81,7 @@ def test_rules_and_dashboard_only_use_metrics_the_daemon_exports():
     rules_text = RULES.read_text()
     assert referenced(rules_text) - names == set()
     dashboard = json.loads(DASHBOARD.read_text())
-    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
+    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p.get("targets", ()))
     assert referenced(exprs) - names == set()
     # Recording rules the dashboard reads must be defined in the rules file.
     records = {r["record"] for g in yaml.safe_load(rules_text)["groups"] for r in g["rules"] if "record" in r}
@@ -124,6 +126,67 @@ def test_every_alert_is_unit_tested_firing_and_not_firing():
     assert {r for r in records if r.startswith(("instance:", "job:"))} <= tested
 
 
+def test_dashboard_validates_against_the_dashboard_schema():
+    # No official JSON Schema of Grafana dashboards exists offline (Grafana's is CUE): the
+    # schema is a hand-written subset of the fields an import needs; see its description.
+    if shutil.which("check-jsonschema") is None:
+        pytest.skip("check-jsonschema not installed (the test extra)")
+    done = subprocess.run(["check-jsonschema", "--schemafile", str(DASHBOARD_SCHEMA), str(DASHBOARD)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("breakage", ["panel without targets", "too wide", "row without panels"])
+def test_the_dashboard_schema_rejects_what_grafana_would(tmp_path, breakage):
+    if shutil.which("check-jsonschema") is None:
+        pytest.skip("check-jsonschema not installed (the test extra)")
+    dashboard = json.loads(DASHBOARD.read_text())
+    panel = next(p for p in dashboard["panels"] if p["type"] == "timeseries")
+    row = next(p for p in dashboard["panels"] if p["type"] == "row")
+    if breakage == "panel without targets":
+        del panel["targets"]
+    elif breakage == "too wide":
+        panel["gridPos"]["w"] = 30
+    else:
+        del row["panels"]
+    broken = tmp_path / "dashboard.json"
+    broken.write_text(json.dumps(dashboard))
+    done = subprocess.run(["check-jsonschema", "--schemafile", str(DASHBOARD_SCHEMA), str(broken)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+
+
+def test_dashboard_layout_has_a_fleet_overview_and_a_repeated_host_row():
+    """What the schema cannot say: ids unique, no overlapping panels, host panels filter by host."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    panels = dashboard["panels"]
+    ids = [p["id"] for p in panels]
+    assert len(ids) == len(set(ids))
+    cells = set()
+    for p in panels:
+        g = p["gridPos"]
+        assert g["x"] + g["w"] <= 24, p["title"]
+        mine = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
+        assert not cells & mine, f"{p['title']} overlaps another panel"
+        cells |= mine
+    rows = [p for p in panels if p["type"] == "row"]
+    assert [r["title"] for r in rows] == ["Fleet overview", "Host $instance"]
+    variables = {v["name"] for v in dashboard["templating"]["list"]}
+    assert rows[1]["repeat"] in variables
+    host_row_y = rows[1]["gridPos"]["y"]
+    fleet = [p for p in panels if p["type"] != "row" and p["gridPos"]["y"] < host_row_y]
+    host = [p for p in panels if p["type"] != "row" and p["gridPos"]["y"] > host_row_y]
+    assert {"Top mounts by time to full", "Stalled GPUs"} <= {p["title"] for p in fleet}
+    for p in host:
+        for t in p["targets"]:
+            assert '$instance' in t["expr"], f"host panel {p['title']!r} does not filter by host: {t['expr']}"
+    host_exprs = " ".join(t["expr"] for p in host for t in p["targets"])
+    for name in ("trainguard_gpu_temperature_celsius", "trainguard_gpu_power_limit_watts",
+                 "trainguard_gpu_throttle_reason", "trainguard_gpu_xid_errors_total",
+                 "trainguard_gpu_ecc_uncorrected_volatile_total", "trainguard_nvml_state"):
+        assert name in host_exprs, name
+
+
 def _promtool(*args: str) -> subprocess.CompletedProcess:
     if shutil.which("promtool") is None:
         pytest.skip("promtool not installed (Debian package: prometheus)")
@@ -138,6 +201,38 @@ def test_promtool_checks_the_rules():
 def test_promtool_unit_tests_of_the_rules_pass():
     done = _promtool("test", "rules", str(RULE_TESTS))
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _amtool(*args: str) -> subprocess.CompletedProcess:
+    if shutil.which("amtool") is None:
+        pytest.skip("amtool not installed (Debian package: prometheus-alertmanager)")
+    return subprocess.run(["amtool", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_amtool_accepts_the_example_alertmanager_config():
+    done = _amtool("check-config", str(ALERTMANAGER))
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("labels,receiver", [
+    ({"alertname": "TrainguardGpuStalled", "severity": "critical"}, "dingtalk-oncall"),
+    ({"alertname": "TrainguardFilesystemAlmostFull", "severity": "critical"}, "dingtalk-oncall"),
+    ({"alertname": "TrainguardFilesystemFilling", "severity": "warning"}, "dingtalk-team"),
+    ({"alertname": "TrainguardDown", "severity": "warning"}, "dingtalk-ops"),
+    ({"alertname": "TrainguardNvmlUnavailable", "severity": "warning"}, "dingtalk-ops"),
+])
+def test_alertmanager_routes_critical_to_oncall_and_blind_hosts_to_ops(labels, receiver):
+    done = _amtool("config", "routes", "test", f"--config.file={ALERTMANAGER}",
+                   *(f"{k}={v}" for k, v in labels.items()))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.split() == [receiver]
+
+
+def test_alertmanager_config_only_names_alerts_the_rules_define():
+    text = ALERTMANAGER.read_text()
+    named = set(re.findall(r"Trainguard[A-Za-z0-9]+", text)) - {"TrainguardGpuXid"}
+    assert named - set(alerts()) == set()
+    assert "TrainguardGpuXid" in alerts()
 
 
 def unit() -> configparser.ConfigParser:

@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 import time
-from urllib.parse import urlparse
+from urllib.parse import urlencode, urlparse
 
 import pytest
 
@@ -75,6 +75,11 @@ def test_a_filling_disk_goes_pending_then_firing_and_resolves_after_cleanup(tmp_
         (ext4_mount / "checkpoint-900.pt").unlink()  # the cleanup
         prom.wait_alert("TrainguardFilesystemAlmostFull", None, mountpoint=mp)
         assert not prom.alerts("TrainguardFilesystemFilling")  # freed to ~50 %: no warning either
+        # Every dashboard query parses and runs in this Prometheus (a typo would be a 400).
+        dashboard = json.loads((REPO / "deploy" / "grafana" / "trainguard.json").read_text())
+        for p in dashboard["panels"]:
+            for t in p.get("targets", ()):
+                prom.api("query?" + urlencode({"query": t["expr"].replace("$instance", ".*")}))
 
 
 def test_a_gpu_stall_goes_pending_then_firing_and_resolves_when_work_resumes(tmp_path):
