@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from trainguard.records import Finding, GpuSample, NvmlState, NvmlStatus, Severity, Snapshot
+from trainguard.records import (
+    Finding,
+    GpuSample,
+    NvmlState,
+    NvmlStatus,
+    Severity,
+    Snapshot,
+)
 from trainguard.sources.gpu import GpuSampler
 from trainguard.surfaces.exporter import Readings, ReadingsCollector
 

@@ -20,6 +20,7 @@ from tests.gpu_support import FAKE_DIR, GiB, gpu_spec
 from tests.support.daemon_proc import REPO, DaemonProcess
 from tests.support.mounts import fill
 from tests.support.prometheus import Prometheus, prometheus_binary
+from tests.test_exporter import config
 
 RULES = REPO / "deploy" / "prometheus" / "trainguard.rules.yml"
 
@@ -28,18 +29,7 @@ pytestmark = pytest.mark.skipif(prometheus_binary() is None,
 
 
 def daemon_config(state_dir, paths, gpu: str) -> str:
-    return f"""
-[general]
-state_dir = "{state_dir}"
-interval = "0.5s"
-[filesystems]
-paths = {json.dumps([str(p) for p in paths])}
-exclude = ["*"]   # only the test's own mount: other mounts on a shared host are not ours
-[gpu]
-{gpu}
-[metrics]
-listen = "127.0.0.1:0"
-"""
+    return config(state_dir, paths, interval="0.5s") + f"[gpu]\n{gpu}\n"
 
 
 def target(daemon: DaemonProcess) -> str:
