@@ -47,7 +47,11 @@ def readings(mounts: int = 50, gpus: int = 8) -> Readings:
         disks.append(DiskIo(f"sd{i}", 8, i, 0.3, 1e6, 2e6, 1.2))
         etas[m.mount_point] = 3600.0 * (i + 1)
     gs = tuple(GpuSample(i, f"GPU-{i:08x}", "H100", time.time(), util_ratio=0.5, memory_used_bytes=60 * 2**30,
-                         memory_total_bytes=80 * 2**30, processes=(GpuProcess(1000 + i, 1000 + i, 2**30),))
+                         memory_total_bytes=80 * 2**30, processes=(GpuProcess(1000 + i, 1000 + i, 2**30),),
+                         temperature_c=65.0, power_w=550.0, power_limit_w=700.0, throttle_reasons=0x4,
+                         ecc_uncorrected=0, ecc_uncorrected_aggregate=0, remapped_rows_correctable=1,
+                         remapped_rows_uncorrectable=0, row_remap_pending=False, row_remap_failure=False,
+                         xid_counts={13: 1} if i == 3 else {})
                for i in range(gpus))
     stall = Finding("gpu.stall:3", Severity.CRITICAL, "x", details={"stalled_for_s": 600.0}, labels={"gpu": "3"})
     snap = Snapshot(time.time(), tuple(fs), tuple(disks), gpus=gs, gpu_status=NvmlStatus(NvmlState.OK))

@@ -33,6 +33,8 @@ UNIT = REPO / "systemd" / "trainguard.service"
 RULES = REPO / "deploy" / "prometheus" / "trainguard.rules.yml"
 RULE_TESTS = REPO / "deploy" / "prometheus" / "trainguard.rules.test.yml"
 DASHBOARD = REPO / "deploy" / "grafana" / "trainguard.json"
+DASHBOARD_SCHEMA = REPO / "deploy" / "grafana" / "dashboard.schema.json"
+ALERTMANAGER = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
 MAX_EXPOSURE = 3.5  # systemd-analyze security score; README records the current figure
 
 
@@ -40,11 +42,16 @@ def exported_names() -> set[str]:
     """Every series name the collector can produce, with each optional family present."""
     m = Mount("/data", "ext4", "/dev/sda1", 8, 1, MountKind.LOCAL)
     usage = FsUsage(100, 50, 50, 10, 5, 5)
-    gpu = GpuSample(0, "GPU-x", "H100", 1.0, util_ratio=0.0, memory_used_bytes=1, memory_total_bytes=2)
+    gpu = GpuSample(0, "GPU-x", "H100", 1.0, util_ratio=0.0, memory_used_bytes=1, memory_total_bytes=2,
+                    temperature_c=60.0, power_w=300.0, power_limit_w=400.0, throttle_reasons=0x40,
+                    ecc_uncorrected=0, ecc_uncorrected_aggregate=0, retired_pages_by_cause={"double_bit": 0},
+                    retired_pages_pending=False, remapped_rows_correctable=0, remapped_rows_uncorrectable=0,
+                    row_remap_pending=False, row_remap_failure=False, xid_counts={79: 1})
     snap = Snapshot(1.0, (FsSample(m, 1.0, usage),), (DiskIo("sda1", 8, 1, 0.5, 1.0, 1.0, 1.0),), gpus=(gpu,),
                     gpu_status=NvmlStatus(NvmlState.OK))
     stall = Finding("gpu.stall:0", Severity.CRITICAL, "x", details={"stalled_for_s": 1.0}, labels={"gpu": "0"})
-    r = Readings(snap, 1.0, 0.1, fill_eta={"/data": 10.0}, findings=(stall,), cleanup_freed={"p": 1},
+    checkpoint = Finding("fs.next_checkpoint:/data", Severity.CRITICAL, "x")
+    r = Readings(snap, 1.0, 0.1, fill_eta={"/data": 10.0}, findings=(stall, checkpoint), cleanup_freed={"p": 1},
                  notify_failures={"t": 1})
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ReadingsCollector(lambda: r))
@@ -53,15 +60,28 @@ def exported_names() -> set[str]:
 
 
 def referenced(text: str) -> set[str]:
-    return set(re.findall(r"\btrainguard_[a-z_]+\b", text))
+    # Metric names, not the parts of recording rule names (instance:trainguard_gpus:count).
+    return set(re.findall(r"(?<![:\w])trainguard_[a-z_]+\b(?!:)", text))
+
+
+# Metrics the rules are written against that another part of the daemon adds (the mirror worker).
+EXPORTED_ELSEWHERE = {"trainguard_mirror_lag_seconds"}
+
+
+def rules() -> list[dict]:
+    return [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
+
+
+def alerts() -> dict[str, dict]:
+    return {r["alert"]: r for r in rules() if "alert" in r}
 
 
 def test_rules_and_dashboard_only_use_metrics_the_daemon_exports():
-    names = exported_names()
+    names = exported_names() | EXPORTED_ELSEWHERE
     rules_text = RULES.read_text()
     assert referenced(rules_text) - names == set()
     dashboard = json.loads(DASHBOARD.read_text())
-    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
+    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p.get("targets", ()))
     assert referenced(exprs) - names == set()
     # Recording rules the dashboard reads must be defined in the rules file.
     records = {r["record"] for g in yaml.safe_load(rules_text)["groups"] for r in g["rules"] if "record" in r}
@@ -69,12 +89,102 @@ def test_rules_and_dashboard_only_use_metrics_the_daemon_exports():
 
 
 def test_every_detector_has_a_fleet_rule():
-    alerts = {r["alert"]: r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"] if "alert" in r}
+    names = alerts()
     for name in ("TrainguardFilesystemAlmostFull", "TrainguardFilesystemFilling", "TrainguardInodesAlmostExhausted",
                  "TrainguardFilesystemFullSoon", "TrainguardFilesystemFullWithin6h", "TrainguardMountUnresponsive",
-                 "TrainguardDiskSaturated", "TrainguardGpuStalled"):
-        assert name in alerts
-        assert alerts[name]["labels"]["severity"] in ("warning", "critical")
+                 "TrainguardDiskSaturated", "TrainguardGpuStalled", "TrainguardGpuXidCritical",
+                 "TrainguardGpuThrottled", "TrainguardMirrorLagging", "TrainguardCheckpointWillNotFit"):
+        assert name in names
+
+
+def test_every_alert_has_for_severity_values_and_a_runbook_page_in_this_repository():
+    for name, rule in alerts().items():
+        assert "for" in rule, name
+        assert rule["labels"]["severity"] in ("warning", "critical"), name
+        notes = rule["annotations"]
+        assert notes["summary"] and notes["description"], name
+        assert "{{" in notes["summary"] + notes["description"], f"{name}: no values in summary or description"
+        assert notes["runbook_url"].endswith(f"/docs/runbooks/{name}.md"), name
+        page = REPO / "docs" / "runbooks" / f"{name}.md"
+        assert page.is_file(), f"{name}: {page} missing"
+        text = page.read_text()
+        assert text.startswith(f"# {name}\n"), page
+        assert "## What to do" in text and "## Meaning" in text, page
+    pages = {p.stem for p in (REPO / "docs" / "runbooks").glob("Trainguard*.md")}
+    assert pages == set(alerts()), "one runbook page per alert, none left over"
+
+
+def test_every_alert_is_unit_tested_firing_and_not_firing():
+    tests = yaml.safe_load(RULE_TESTS.read_text())["tests"]
+    cases = [c for t in tests for c in t.get("alert_rule_test", ())]
+    for name in alerts():
+        mine = [c for c in cases if c["alertname"] == name]
+        assert any(c["exp_alerts"] for c in mine), f"{name}: no test where it fires"
+        assert any(not c["exp_alerts"] for c in mine), f"{name}: no test where it stays quiet"
+    records = {r["record"] for r in rules() if "record" in r}
+    tested = {c["expr"] for t in tests for c in t.get("promql_expr_test", ())}
+    assert {r for r in records if r.startswith(("instance:", "job:"))} <= tested
+
+
+def test_dashboard_validates_against_the_dashboard_schema():
+    # No official JSON Schema of Grafana dashboards exists offline (Grafana's is CUE): the
+    # schema is a hand-written subset of the fields an import needs; see its description.
+    if shutil.which("check-jsonschema") is None:
+        pytest.skip("check-jsonschema not installed (the test extra)")
+    done = subprocess.run(["check-jsonschema", "--schemafile", str(DASHBOARD_SCHEMA), str(DASHBOARD)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("breakage", ["panel without targets", "too wide", "row without panels"])
+def test_the_dashboard_schema_rejects_what_grafana_would(tmp_path, breakage):
+    if shutil.which("check-jsonschema") is None:
+        pytest.skip("check-jsonschema not installed (the test extra)")
+    dashboard = json.loads(DASHBOARD.read_text())
+    panel = next(p for p in dashboard["panels"] if p["type"] == "timeseries")
+    row = next(p for p in dashboard["panels"] if p["type"] == "row")
+    if breakage == "panel without targets":
+        del panel["targets"]
+    elif breakage == "too wide":
+        panel["gridPos"]["w"] = 30
+    else:
+        del row["panels"]
+    broken = tmp_path / "dashboard.json"
+    broken.write_text(json.dumps(dashboard))
+    done = subprocess.run(["check-jsonschema", "--schemafile", str(DASHBOARD_SCHEMA), str(broken)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+
+
+def test_dashboard_layout_has_a_fleet_overview_and_a_repeated_host_row():
+    """What the schema cannot say: ids unique, no overlapping panels, host panels filter by host."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    panels = dashboard["panels"]
+    ids = [p["id"] for p in panels]
+    assert len(ids) == len(set(ids))
+    cells = set()
+    for p in panels:
+        g = p["gridPos"]
+        assert g["x"] + g["w"] <= 24, p["title"]
+        mine = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
+        assert not cells & mine, f"{p['title']} overlaps another panel"
+        cells |= mine
+    rows = [p for p in panels if p["type"] == "row"]
+    assert [r["title"] for r in rows] == ["Fleet overview", "Host $instance"]
+    variables = {v["name"] for v in dashboard["templating"]["list"]}
+    assert rows[1]["repeat"] in variables
+    host_row_y = rows[1]["gridPos"]["y"]
+    fleet = [p for p in panels if p["type"] != "row" and p["gridPos"]["y"] < host_row_y]
+    host = [p for p in panels if p["type"] != "row" and p["gridPos"]["y"] > host_row_y]
+    assert {"Top mounts by time to full", "Stalled GPUs"} <= {p["title"] for p in fleet}
+    for p in host:
+        for t in p["targets"]:
+            assert '$instance' in t["expr"], f"host panel {p['title']!r} does not filter by host: {t['expr']}"
+    host_exprs = " ".join(t["expr"] for p in host for t in p["targets"])
+    for name in ("trainguard_gpu_temperature_celsius", "trainguard_gpu_power_limit_watts",
+                 "trainguard_gpu_throttle_reason", "trainguard_gpu_xid_errors_total",
+                 "trainguard_gpu_ecc_uncorrected_volatile_total", "trainguard_nvml_state"):
+        assert name in host_exprs, name
 
 
 def _promtool(*args: str) -> subprocess.CompletedProcess:
@@ -91,6 +201,38 @@ def test_promtool_checks_the_rules():
 def test_promtool_unit_tests_of_the_rules_pass():
     done = _promtool("test", "rules", str(RULE_TESTS))
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _amtool(*args: str) -> subprocess.CompletedProcess:
+    if shutil.which("amtool") is None:
+        pytest.skip("amtool not installed (Debian package: prometheus-alertmanager)")
+    return subprocess.run(["amtool", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_amtool_accepts_the_example_alertmanager_config():
+    done = _amtool("check-config", str(ALERTMANAGER))
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("labels,receiver", [
+    ({"alertname": "TrainguardGpuStalled", "severity": "critical"}, "dingtalk-oncall"),
+    ({"alertname": "TrainguardFilesystemAlmostFull", "severity": "critical"}, "dingtalk-oncall"),
+    ({"alertname": "TrainguardFilesystemFilling", "severity": "warning"}, "dingtalk-team"),
+    ({"alertname": "TrainguardDown", "severity": "warning"}, "dingtalk-ops"),
+    ({"alertname": "TrainguardNvmlUnavailable", "severity": "warning"}, "dingtalk-ops"),
+])
+def test_alertmanager_routes_critical_to_oncall_and_blind_hosts_to_ops(labels, receiver):
+    done = _amtool("config", "routes", "test", f"--config.file={ALERTMANAGER}",
+                   *(f"{k}={v}" for k, v in labels.items()))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.split() == [receiver]
+
+
+def test_alertmanager_config_only_names_alerts_the_rules_define():
+    text = ALERTMANAGER.read_text()
+    named = set(re.findall(r"Trainguard[A-Za-z0-9]+", text)) - {"TrainguardGpuXid"}
+    assert named - set(alerts()) == set()
+    assert "TrainguardGpuXid" in alerts()
 
 
 def unit() -> configparser.ConfigParser:

@@ -243,11 +243,19 @@ class GpuSample:
     throttle_reasons: int | None = None  # NVML clocks-event bitmask
     processes: tuple[GpuProcess, ...] = ()
     xid_events: tuple[XidEvent, ...] = ()  # received since the previous sample
-    ecc_uncorrected: int | None = None  # volatile uncorrected ECC count
-    retired_pages: int | None = None
+    ecc_uncorrected: int | None = None  # volatile uncorrected ECC count (since the driver loaded)
+    retired_pages: int | None = None  # pages retired for any cause (pre-Ampere page retirement)
     retired_pages_pending: bool | None = None
     lost: bool = False
     errors: Mapping[str, str] = field(default_factory=dict, compare=False)  # field -> NVML error text
+    # GPU health, each None where this GPU/driver does not report it (as dcgm-exporter leaves it out).
+    ecc_uncorrected_aggregate: int | None = None  # lifetime uncorrected ECC count (survives driver reloads)
+    retired_pages_by_cause: Mapping[str, int] | None = field(default=None, compare=False)  # single_bit/double_bit
+    remapped_rows_correctable: int | None = None  # Ampere+ row remapping
+    remapped_rows_uncorrectable: int | None = None
+    row_remap_pending: bool | None = None  # a remap waits for a GPU reset
+    row_remap_failure: bool | None = None  # remapping failed: the GPU needs service
+    xid_counts: Mapping[int, int] = field(default_factory=dict, compare=False)  # xid -> events since start
 
     @property
     def memory_used_ratio(self) -> float | None:

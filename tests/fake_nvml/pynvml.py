@@ -23,7 +23,9 @@ Script (JSON / dict); times are seconds since t0 (script "t0" epoch, else creati
     "timeline": [                         # step function; each entry overrides the previous
       {"at": 0, "util": 95, "mem_used": 80e9, "processes": [{"pid": 123, "used": 80e9}],
        "temperature": 70, "power_w": 300, "power_limit_w": 400, "throttle": 0, "ecc_uncorrected": 0,
-       "retired_pages": [], "xid": [79], "lost": false, "errors": {"nvmlDeviceGetPowerUsage": "UNKNOWN"}}
+       "retired_pages": [], "xid": [79], "lost": false, "errors": {"nvmlDeviceGetPowerUsage": "UNKNOWN"},
+       "ecc_uncorrected_aggregate": 3,     # lifetime count; default: the volatile one
+       "remapped_rows": [2, 1, 0, 0]}     # correctable, uncorrectable, pending, failure (Ampere+)
     ]}]
 }
 """
@@ -261,6 +263,7 @@ _DEVICE_FUNCTIONS = (
     "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2",
     "nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRetiredPages",
     "nvmlDeviceGetRetiredPagesPendingStatus", "nvmlDeviceGetSupportedEventTypes", "nvmlDeviceRegisterEvents",
+    "nvmlDeviceGetRemappedRows",
 )
 API = _DEVICE_FUNCTIONS + (
     "nvmlInit", "nvmlInitWithFlags", "nvmlShutdown", "nvmlSystemGetDriverVersion", "nvmlDeviceGetCount",
@@ -283,7 +286,8 @@ class _Gpu:
         self.xids = []  # (at, code)
         state = {"util": 0, "mem_util": 0, "mem_used": 0, "processes": [], "temperature": 40, "power_w": 60.0,
                  "power_limit_w": 400.0, "throttle": 0, "ecc_uncorrected": 0, "retired_pages": [],
-                 "retired_pending": 0, "lost": False, "errors": {}}
+                 "retired_pending": 0, "lost": False, "errors": {}, "ecc_uncorrected_aggregate": None,
+                 "remapped_rows": [0, 0, 0, 0]}
         for entry in timeline:
             state = dict(state)
             state["errors"] = {}  # errors hold for one phase only
@@ -482,7 +486,20 @@ class FakeNvml:
         return self._procs("nvmlDeviceGetComputeRunningProcesses_v3", handle)
 
     def nvmlDeviceGetTotalEccErrors(self, handle, errorType, counterType):
-        return int(self._device("nvmlDeviceGetTotalEccErrors", handle)[1]["ecc_uncorrected"])
+        state = self._device("nvmlDeviceGetTotalEccErrors", handle)[1]
+        if errorType != NVML_MEMORY_ERROR_TYPE_UNCORRECTED:
+            return 0  # corrected errors are not scripted
+        volatile = int(state["ecc_uncorrected"])
+        if counterType == NVML_VOLATILE_ECC:
+            return volatile
+        if counterType != NVML_AGGREGATE_ECC:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        aggregate = state.get("ecc_uncorrected_aggregate")
+        return volatile if aggregate is None else int(aggregate)
+
+    def nvmlDeviceGetRemappedRows(self, device):
+        corr, unc, pending, failure = self._device("nvmlDeviceGetRemappedRows", device)[1]["remapped_rows"]
+        return (int(corr), int(unc), int(pending), int(failure))
 
     def nvmlDeviceGetRetiredPages(self, device, sourceFilter):
         pages = self._device("nvmlDeviceGetRetiredPages", device)[1]["retired_pages"]

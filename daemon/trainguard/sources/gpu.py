@@ -1,68 +1,44 @@
 """GPU sampling through NVML (nvidia-ml-py, import name pynvml).
 
 The NVML module is a parameter: production passes the real pynvml, tests a fake with
-scripted timelines. Every NVML call goes through one query helper that turns "not
-supported on this GPU/driver" into an absent field (and stops asking), other errors
-into a per-sample error text, and the few errors that invalidate the whole library
-(driver gone, version mismatch) or one GPU (fallen off the bus) into states that are
-reported and retried with backoff. Nothing here raises out of sample().
+scripted timelines. Calls go through sources.nvml.Query (absent fields, per-sample
+errors); the errors that invalidate the whole library (driver gone, version mismatch)
+or one GPU (fallen off the bus) become states that are reported and retried with
+backoff. XID events come from sources.xid. Nothing here raises out of sample().
 """
 
 from __future__ import annotations
 
 import collections
-import importlib
 import logging
-import threading
 import time
 from dataclasses import dataclass, replace
-from types import ModuleType
 from typing import Any, Callable
 
 from trainguard.records import GpuProcess, GpuSample, NvmlState, NvmlStatus, XidEvent
+from trainguard.sources.nvml import (
+    ABSENT_CODES,
+    GPU_IS_LOST,
+    INIT_STATES,
+    NO_PERMISSION,
+    NOT_FOUND,
+    REINIT_CODES,
+    RETIREMENT_CAUSES,
+    STATE_MESSAGES,
+    Lost,
+    Query,
+    Reinit,
+    code,
+    load_nvml,
+    raise_fatal,
+    sample_value,
+)
 from trainguard.sources.procs import PidResolver
+from trainguard.sources.xid import XidListener
+
+__all__ = ["GpuReading", "GpuSampler", "load_nvml"]
 
 log = logging.getLogger("trainguard.gpu")
-
-# NVML return codes (stable C API values; read from the module when it has them).
-_NOT_SUPPORTED = 3
-_NO_PERMISSION = 4
-_NOT_FOUND = 6
-_DRIVER_NOT_LOADED = 9
-_TIMEOUT = 10
-_LIBRARY_NOT_FOUND = 12
-_FUNCTION_NOT_FOUND = 13
-_GPU_IS_LOST = 15
-_UNINITIALIZED = 1
-_LIB_RM_VERSION_MISMATCH = 18
-_ARGUMENT_VERSION_MISMATCH = 25
-
-# "Absent" codes: the field does not exist on this GPU/driver. Ask once, then not again.
-_ABSENT_CODES = frozenset({_NOT_SUPPORTED, _FUNCTION_NOT_FOUND, _ARGUMENT_VERSION_MISMATCH})
-# Codes after which the library handle is useless until re-initialised.
-_REINIT_CODES = {
-    _UNINITIALIZED: NvmlState.ERROR,
-    _DRIVER_NOT_LOADED: NvmlState.NO_DRIVER,
-    _LIB_RM_VERSION_MISMATCH: NvmlState.MISMATCH,
-    _LIBRARY_NOT_FOUND: NvmlState.NO_LIBRARY,
-}
-
-_XID_EVENT = 0x0000000000000008  # nvmlEventTypeXidCriticalError
-
-_STATE_MESSAGES = {
-    NvmlState.NO_LIBRARY: "no NVIDIA management library (libnvidia-ml.so.1): GPU monitoring is off on this host",
-    NvmlState.NO_DRIVER: "NVIDIA kernel driver is not loaded: GPU monitoring paused",
-    NvmlState.MISMATCH: "NVML library and kernel driver versions differ (driver updated without a reboot?)",
-    NvmlState.NO_PERMISSION: "no permission to open the NVIDIA devices (/dev/nvidia*)",
-}
-
-# Bit -> name for the throttle reasons trainguard reports (nvmlClocksEventReason*).
-def load_nvml() -> ModuleType | None:
-    """The installed pynvml module, or None when nvidia-ml-py is not installed."""
-    try:
-        return importlib.import_module("pynvml")
-    except ImportError:
-        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,130 +47,40 @@ class GpuReading:
     gpus: tuple[GpuSample, ...]
 
 
-class _Lost(Exception):
-    pass
+def memory_health(q: Query, handle: Any) -> dict[str, Any]:
+    """ECC and memory repair counters as GpuSample fields; a field the GPU lacks stays None.
+
+    Pre-Ampere GPUs retire pages, Ampere and later remap rows; each reports NotSupported
+    for the other, so a GPU has one set or the other (like dcgm-exporter's fields).
+    """
+    uncorrected = q.constant("NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1)
+    volatile = q("ecc", "nvmlDeviceGetTotalEccErrors", handle, uncorrected, q.constant("NVML_VOLATILE_ECC", 0))
+    aggregate = q("ecc_aggregate", "nvmlDeviceGetTotalEccErrors", handle, uncorrected,
+                  q.constant("NVML_AGGREGATE_ECC", 1))
+    by_cause: dict[str, int] = {}
+    for cause, value in RETIREMENT_CAUSES.items():
+        pages = q(f"retired_pages_{cause}", "nvmlDeviceGetRetiredPages", handle, value)
+        if pages is not None:
+            by_cause[cause] = len(pages)
+    pending = q("retired_pending", "nvmlDeviceGetRetiredPagesPendingStatus", handle)
+    rows = q("remapped_rows", "nvmlDeviceGetRemappedRows", handle)
+    correctable, uncorrectable, remap_pending, remap_failure = rows if rows is not None else (None,) * 4
+    return {
+        "ecc_uncorrected": _int(volatile), "ecc_uncorrected_aggregate": _int(aggregate),
+        "retired_pages": sum(by_cause.values()) if by_cause else None,
+        "retired_pages_by_cause": by_cause or None,
+        "retired_pages_pending": _bool(pending),
+        "remapped_rows_correctable": _int(correctable), "remapped_rows_uncorrectable": _int(uncorrectable),
+        "row_remap_pending": _bool(remap_pending), "row_remap_failure": _bool(remap_failure),
+    }
 
 
-class _Reinit(Exception):
-    def __init__(self, state: NvmlState, text: str):
-        super().__init__(text)
-        self.state = state
+def _int(value: Any) -> int | None:
+    return int(value) if value is not None else None
 
 
-def _code(exc: BaseException) -> int | None:
-    value = getattr(exc, "value", None)
-    return value if isinstance(value, int) else None
-
-
-class _Query:
-    """The one NVML call helper: value, or None with the reason recorded."""
-
-    def __init__(self, nvml: Any, index: int, absent: set[tuple[int, str]]):
-        self.nvml = nvml
-        self.index = index
-        self.absent = absent
-        self.errors: dict[str, str] = {}
-
-    def __call__(self, field: str, names: tuple[str, ...] | str, *args: Any, **kwargs: Any) -> Any:
-        if (self.index, field) in self.absent:
-            return None
-        for name in (names,) if isinstance(names, str) else names:
-            fn = getattr(self.nvml, name, None)
-            if fn is None:
-                continue  # older nvidia-ml-py without this function: try the next spelling
-            try:
-                return fn(*args, **kwargs)
-            except self.nvml.NVMLError as exc:
-                code = _code(exc)
-                if code in _ABSENT_CODES:
-                    continue
-                if code == _GPU_IS_LOST:
-                    raise _Lost(str(exc)) from None
-                if code in _REINIT_CODES:
-                    raise _Reinit(_REINIT_CODES[code], str(exc)) from None
-                self.errors[field] = str(exc)
-                return None
-        self.absent.add((self.index, field))
-        return None
-
-
-def _sample_value(value_type: int, value: Any) -> float:
-    attr = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}.get(value_type, "uiVal")
-    return float(getattr(value, attr))
-
-
-class XidListener:
-    """Waits for XID events in its own thread (nvmlEventSetWait blocks) and queues them."""
-
-    def __init__(self, nvml: Any, handles: dict[int, Any], clock: Callable[[], float], wait_ms: int = 500):
-        self.nvml = nvml
-        self.clock = clock
-        self.wait_ms = wait_ms
-        self._queue: collections.deque[XidEvent] = collections.deque(maxlen=1000)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._handle_index: list[tuple[Any, int]] = []
-        self.event_set = None
-        self.supported: tuple[int, ...] = ()
-        try:
-            self.event_set = nvml.nvmlEventSetCreate()
-        except nvml.NVMLError as exc:
-            log.info("XID events not available: %s", exc)
-            return
-        supported = []
-        for index, handle in handles.items():
-            try:
-                if nvml.nvmlDeviceGetSupportedEventTypes(handle) & _XID_EVENT:
-                    nvml.nvmlDeviceRegisterEvents(handle, _XID_EVENT, self.event_set)
-                    supported.append(index)
-                    self._handle_index.append((handle, index))
-            except nvml.NVMLError as exc:
-                log.info("GPU %d: XID events not available: %s", index, exc)
-        self.supported = tuple(supported)
-        if supported:
-            self._thread = threading.Thread(target=self._run, name="trainguard-xid", daemon=True)
-            self._thread.start()
-
-    def _index_of(self, device: Any) -> int:
-        for handle, index in self._handle_index:
-            if handle is device or handle == device:
-                return index
-        try:
-            return int(self.nvml.nvmlDeviceGetIndex(device))
-        except Exception:  # noqa: BLE001 - an event for an unknown handle still counts
-            return -1
-
-    def _run(self) -> None:
-        delay = 1.0
-        while not self._stop.is_set():
-            try:
-                data = self.nvml.nvmlEventSetWait(self.event_set, self.wait_ms)
-            except self.nvml.NVMLError as exc:
-                if _code(exc) == _TIMEOUT:
-                    continue
-                log.warning("waiting for XID events failed: %s (retrying in %.0fs)", exc, delay)
-                self._stop.wait(delay)
-                delay = min(delay * 2, 60.0)
-                continue
-            delay = 1.0
-            if int(data.eventType) & _XID_EVENT:
-                self._queue.append(XidEvent(self._index_of(data.device), int(data.eventData), self.clock()))
-
-    def drain(self) -> list[XidEvent]:
-        events = []
-        while self._queue:
-            events.append(self._queue.popleft())
-        return events
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=self.wait_ms / 1000 + 2)
-        if self.event_set is not None:
-            try:
-                self.nvml.nvmlEventSetFree(self.event_set)
-            except Exception:  # noqa: BLE001 - shutting down anyway
-                pass
+def _bool(value: Any) -> bool | None:
+    return bool(value) if value is not None else None
 
 
 class GpuSampler:
@@ -226,6 +112,8 @@ class GpuSampler:
         self._lost_retry: dict[int, tuple[float, float]] = {}  # index -> (next retry, current delay)
         self._delay = retry_initial
         self._xid: XidListener | None = None
+        # gpu index -> xid -> events since start: a Prometheus counter (resets with the daemon).
+        self._xid_counts: dict[int, collections.Counter[int]] = collections.defaultdict(collections.Counter)
         self._status = NvmlStatus(NvmlState.ERROR, "not sampled yet")
         if nvml is None:
             self._status = NvmlStatus(NvmlState.NO_LIBRARY, "nvidia-ml-py (pynvml) is not installed: GPU monitoring is off",
@@ -255,7 +143,7 @@ class GpuSampler:
     def _fail(self, state: NvmlState, detail: str) -> None:
         now = self.clock()
         retry = now + self._delay
-        message = _STATE_MESSAGES.get(state, f"NVML error: {detail}")
+        message = STATE_MESSAGES.get(state, f"NVML error: {detail}")
         self._set_status(NvmlStatus(state, f"{message} (retry in {self._delay:.0f}s)", next_retry=retry))
         self._delay = min(self._delay * 2, self.retry_max)
         self._teardown()
@@ -284,13 +172,7 @@ class GpuSampler:
         try:
             nvml.nvmlInit()
         except nvml.NVMLError as exc:
-            code = _code(exc)
-            state = {
-                _LIBRARY_NOT_FOUND: NvmlState.NO_LIBRARY,
-                _DRIVER_NOT_LOADED: NvmlState.NO_DRIVER,
-                _LIB_RM_VERSION_MISMATCH: NvmlState.MISMATCH,
-                _NO_PERMISSION: NvmlState.NO_PERMISSION,
-            }.get(code, NvmlState.ERROR)
+            state = INIT_STATES.get(code(exc), NvmlState.ERROR)
             self._fail(state, str(exc))
             return False
         except OSError as exc:  # a broken library file
@@ -303,11 +185,11 @@ class GpuSampler:
                 try:
                     self._handles[index] = nvml.nvmlDeviceGetHandleByIndex(index)
                 except nvml.NVMLError as exc:
-                    if _code(exc) not in (_GPU_IS_LOST, _NO_PERMISSION):
+                    if code(exc) not in (GPU_IS_LOST, NO_PERMISSION):
                         raise
                     self._lost_retry[index] = (self.clock() + self.retry_initial, self.retry_initial)
         except nvml.NVMLError as exc:
-            self._fail(_REINIT_CODES.get(_code(exc), NvmlState.ERROR), str(exc))
+            self._fail(REINIT_CODES.get(code(exc), NvmlState.ERROR), str(exc))
             return False
         try:
             self._driver = str(nvml.nvmlSystemGetDriverVersion())
@@ -329,11 +211,12 @@ class GpuSampler:
         if self._xid is not None:
             for event in self._xid.drain():
                 xid_by_gpu[event.gpu_index].append(event)
+                self._xid_counts[event.gpu_index][event.xid] += 1
         samples = []
         try:
             for index in range(self._count):
                 samples.append(self._sample_gpu(index, now, tuple(xid_by_gpu.get(index, ()))))
-        except _Reinit as exc:
+        except Reinit as exc:
             self._fail(exc.state, str(exc))
             return GpuReading(self._status, ())
         lost = tuple(s.index for s in samples if s.lost)
@@ -353,7 +236,8 @@ class GpuSampler:
             delay = min(delay * 2, self.retry_max)
             self._lost_retry[index] = (now + delay, delay)
         uuid, name = self._identity.get(index, ("", ""))
-        return GpuSample(index, uuid, name, now, lost=True, errors={"gpu": detail})
+        return GpuSample(index, uuid, name, now, lost=True, errors={"gpu": detail},
+                         xid_counts=dict(self._xid_counts.get(index, {})))
 
     def _sample_gpu(self, index: int, now: float, xids: tuple[XidEvent, ...]) -> GpuSample:
         nvml = self.nvml
@@ -363,11 +247,11 @@ class GpuSampler:
             try:
                 self._handles[index] = nvml.nvmlDeviceGetHandleByIndex(index)
             except nvml.NVMLError as exc:
-                if _code(exc) in _REINIT_CODES:
-                    raise _Reinit(_REINIT_CODES[_code(exc)], str(exc)) from None
+                if code(exc) in REINIT_CODES:
+                    raise Reinit(REINIT_CODES[code(exc)], str(exc)) from None
                 return self._lost_sample(index, now, str(exc))
         handle = self._handles[index]
-        q = _Query(nvml, index, self._absent)
+        q = Query(nvml, index, self._absent)
         try:
             if index not in self._identity:
                 self._identity[index] = (str(q("uuid", "nvmlDeviceGetUUID", handle) or ""),
@@ -383,15 +267,8 @@ class GpuSampler:
             procs = q("processes", ("nvmlDeviceGetComputeRunningProcesses",
                                     "nvmlDeviceGetComputeRunningProcesses_v3",
                                     "nvmlDeviceGetComputeRunningProcesses_v2"), handle) or []
-            ecc = q("ecc", "nvmlDeviceGetTotalEccErrors", handle,
-                    getattr(nvml, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1), getattr(nvml, "NVML_VOLATILE_ECC", 0))
-            retired = None
-            for cause in (0, 1):  # multiple single-bit, double-bit
-                pages = q("retired_pages", "nvmlDeviceGetRetiredPages", handle, cause)
-                if pages is not None:
-                    retired = (retired or 0) + len(pages)
-            pending = q("retired_pending", "nvmlDeviceGetRetiredPagesPendingStatus", handle)
-        except _Lost as exc:
+            health = memory_health(q, handle)
+        except Lost as exc:
             self._lost_retry.setdefault(index, (now, self.retry_initial / 2))
             return self._lost_sample(index, now, str(exc))
         self._lost_retry.pop(index, None)
@@ -404,14 +281,11 @@ class GpuSampler:
             power_limit_w=limit_mw / 1000 if limit_mw is not None else None,
             throttle_reasons=int(throttle) if throttle is not None else None,
             processes=self._processes(procs),
-            xid_events=xids,
-            ecc_uncorrected=int(ecc) if ecc is not None else None,
-            retired_pages=retired,
-            retired_pages_pending=bool(pending) if pending is not None else None,
-            errors=q.errors,
+            xid_events=xids, xid_counts=dict(self._xid_counts.get(index, {})),
+            errors=q.errors, **health,
         )
 
-    def _memory(self, q: _Query, handle: Any) -> tuple[int | None, int | None]:
+    def _memory(self, q: Query, handle: Any) -> tuple[int | None, int | None]:
         info = None
         version = getattr(self.nvml, "nvmlMemory_v2", None)
         if self._memory_v2 and version is not None:
@@ -427,7 +301,7 @@ class GpuSampler:
             return None, None
         return int(info.used), int(info.total)
 
-    def _utilisation(self, q: _Query, index: int, handle: Any) -> tuple[float | None, float | None, float | None]:
+    def _utilisation(self, q: Query, index: int, handle: Any) -> tuple[float | None, float | None, float | None]:
         """Mean and max of the driver's own utilisation samples since the last call.
 
         The driver samples utilisation several times a second; reading its buffer means a
@@ -444,18 +318,14 @@ class GpuSampler:
                 for s in samples:
                     ts = int(s.timeStamp)
                     if ts > last:
-                        values.append(_sample_value(value_type, s.sampleValue))
+                        values.append(sample_value(value_type, s.sampleValue))
                         newest = max(newest, ts)
                 self._last_util_ts[index] = newest
             except nvml.NVMLError as exc:
-                code = _code(exc)
-                if code == _GPU_IS_LOST:
-                    raise _Lost(str(exc)) from None
-                if code in _REINIT_CODES:
-                    raise _Reinit(_REINIT_CODES[code], str(exc)) from None
-                if code in _ABSENT_CODES:
+                raise_fatal(exc)
+                if code(exc) in ABSENT_CODES:
                     self._absent.add((index, "samples"))
-                elif code != _NOT_FOUND:  # NOT_FOUND: no new samples since `last`
+                elif code(exc) != NOT_FOUND:  # NOT_FOUND: no new samples since `last`
                     q.errors["samples"] = str(exc)
         rates = q("utilization", "nvmlDeviceGetUtilizationRates", handle)
         mem_util = rates.memory / 100 if rates is not None else None

@@ -24,12 +24,14 @@ from prometheus_client.exposition import start_wsgi_server
 
 from trainguard import __version__
 from trainguard.records import Finding, Severity, Snapshot
+from trainguard.surfaces.gpu_metrics import gpu_families, gpu_stalls
+
+__all__ = ["MetricsServer", "Readings", "ReadingsCollector", "finding_counts", "gpu_stalls"]
 
 log = logging.getLogger(__name__)
 
 FS_LABELS = ("mountpoint", "fstype", "device")
-GPU_LABELS = ("gpu", "uuid")
-STALL_KIND = "gpu.stall"
+FINDING_LABELS = ("kind", "severity", "mountpoint", "device", "gpu", "mirror")
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,14 +48,21 @@ class Readings:
     notify_failures: Mapping[str, int] | None = None  # target -> failed deliveries; None: no outbox
 
 
-def gpu_stalls(findings: tuple[Finding, ...]) -> dict[str, float]:
-    """gpu index (as a label string) -> seconds stalled, from the stall detector's findings."""
-    stalls: dict[str, float] = {}
+def finding_counts(findings: tuple[Finding, ...]) -> dict[tuple[str, ...], int]:
+    """(kind, severity, object labels...) -> findings, for trainguard_findings.
+
+    Only the object labels in FINDING_LABELS are kept (never a PID or file label), so two
+    orphan findings on one GPU count 2 in one series. A filesystem finding without a
+    mountpoint label takes it from its key ("fs.next_checkpoint:/data").
+    """
+    counts: dict[tuple[str, ...], int] = {}
     for f in findings:
-        if f.kind == STALL_KIND:
-            gpu = f.labels.get("gpu") or f.key.split(":", 1)[1]
-            stalls[gpu] = float(f.details.get("stalled_for_s") or 0.0)
-    return stalls
+        labels = dict(f.labels)
+        if f.kind.startswith("fs.") and "mountpoint" not in labels and ":" in f.key:
+            labels["mountpoint"] = f.key.split(":", 1)[1]
+        key = (f.kind, f.severity.value) + tuple(str(labels.get(n, "")) for n in FINDING_LABELS[2:])
+        counts[key] = counts.get(key, 0) + 1
+    return counts
 
 
 class ReadingsCollector:
@@ -143,46 +152,7 @@ class ReadingsCollector:
         yield from (util, read, write)
 
     def _gpus(self, r: Readings) -> Iterator[Metric]:
-        status = r.snapshot.gpu_status
-        if status is not None:
-            nvml = GaugeMetricFamily("trainguard_nvml_state",
-                                     "1 for NVML's current state (ok, off, no_driver, mismatch, lost ...)",
-                                     labels=("state",))
-            nvml.add_metric((status.state.value,), 1)
-            yield nvml
-        gpus = r.snapshot.gpus
-        if not gpus:
-            return
-        util = GaugeMetricFamily("trainguard_gpu_utilization_ratio",
-                                 "Mean GPU busy ratio since the previous sample (0..1)", labels=GPU_LABELS)
-        used = GaugeMetricFamily("trainguard_gpu_memory_used_bytes", "GPU memory in use", labels=GPU_LABELS)
-        total = GaugeMetricFamily("trainguard_gpu_memory_total_bytes", "GPU memory in total", labels=GPU_LABELS)
-        procs = GaugeMetricFamily("trainguard_gpu_compute_processes", "Compute processes on the GPU",
-                                  labels=GPU_LABELS)
-        stalled = GaugeMetricFamily("trainguard_gpu_stalled",
-                                    "1 while VRAM is held but the GPU does no work (the stall detector)",
-                                    labels=GPU_LABELS)
-        stall_s = GaugeMetricFamily("trainguard_gpu_stall_seconds", "How long the current stall has lasted",
-                                    labels=GPU_LABELS)
-        lost = GaugeMetricFamily("trainguard_gpu_lost", "1 when the driver reports the GPU lost",
-                                 labels=GPU_LABELS)
-        stalls = gpu_stalls(r.findings)
-        for g in gpus:
-            labels = (str(g.index), g.uuid)
-            lost.add_metric(labels, 1.0 if getattr(g, "lost", False) else 0.0)
-            if getattr(g, "lost", False):
-                continue
-            if g.util_ratio is not None:
-                util.add_metric(labels, g.util_ratio)
-            if g.memory_used_bytes is not None:
-                used.add_metric(labels, g.memory_used_bytes)
-            if g.memory_total_bytes is not None:
-                total.add_metric(labels, g.memory_total_bytes)
-            procs.add_metric(labels, len(getattr(g, "processes", ())))
-            seconds = stalls.get(str(g.index))
-            stalled.add_metric(labels, 0.0 if seconds is None else 1.0)
-            stall_s.add_metric(labels, seconds or 0.0)
-        yield from (util, used, total, procs, stalled, stall_s, lost)
+        yield from gpu_families(r.snapshot.gpu_status, r.snapshot.gpus, r.findings)
 
     def _alerts(self, r: Readings) -> Iterator[Metric]:
         firing = GaugeMetricFamily("trainguard_alerts_firing", "Alerts the daemon has firing, by severity",
@@ -190,6 +160,14 @@ class ReadingsCollector:
         for severity in Severity:
             firing.add_metric((severity.value,), r.firing.get(severity.value, 0))
         yield firing
+        findings = GaugeMetricFamily(
+            "trainguard_findings",
+            "Conditions the daemon's detectors see this cycle (before the daemon's own `for`), by detector kind "
+            "(fs.usage, fs.next_checkpoint, gpu.xid ...) and object; absent when none", labels=FINDING_LABELS)
+        for labels, count in sorted(finding_counts(r.findings).items()):
+            findings.add_metric(labels, count)
+        if findings.samples:
+            yield findings
 
     def _counters(self, r: Readings) -> Iterator[Metric]:
         if r.cleanup_freed is not None:
