@@ -11,9 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import re
-from typing import Annotated
-
-from pydantic import BeforeValidator, PlainSerializer
+from typing import Any
 
 _NUMBER = r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
 
@@ -130,8 +128,25 @@ def format_iso_utc(ts: float | None) -> str | None:
     return None if ts is None else dt.datetime.fromtimestamp(ts, dt.timezone.utc).isoformat(timespec="seconds")
 
 
-# Annotated types for pydantic models; serialised back in the human form.
-Ratio = Annotated[float, BeforeValidator(parse_ratio), PlainSerializer(lambda v: f"{v * 100:g}%", return_type=str)]
-Bytes = Annotated[int, BeforeValidator(parse_bytes), PlainSerializer(lambda v: v, return_type=int)]
-Duration = Annotated[float, BeforeValidator(parse_duration),
-                     PlainSerializer(lambda v: f"{int(v)}s" if float(v).is_integer() else f"{v}s", return_type=str)]
+# Annotated types for pydantic models; serialised back in the human form. Built on first use
+# (PEP 562), so the parsers above stay importable without pydantic (trainguard.guard runs in the trainer).
+_ANNOTATED = ("Ratio", "Bytes", "Duration")
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _ANNOTATED:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from typing import Annotated
+
+    from pydantic import BeforeValidator, PlainSerializer
+
+    types = {
+        "Ratio": Annotated[float, BeforeValidator(parse_ratio),
+                           PlainSerializer(lambda v: f"{v * 100:g}%", return_type=str)],
+        "Bytes": Annotated[int, BeforeValidator(parse_bytes), PlainSerializer(lambda v: v, return_type=int)],
+        "Duration": Annotated[float, BeforeValidator(parse_duration),
+                              PlainSerializer(lambda v: f"{int(v)}s" if float(v).is_integer() else f"{v}s",
+                                              return_type=str)],
+    }
+    globals().update(types)
+    return types[name]
