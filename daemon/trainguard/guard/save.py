@@ -155,16 +155,21 @@ def _doomed(path: str, keep_last: int | None, *, spare_newest: bool = False) -> 
 
 def _make_room(fit: Fit, path: str, keep_last: int | None) -> tuple[Fit, list[tuple[str, int]]]:
     """Delete what keep_last would delete after the save anyway, oldest first, until it fits;
-    never the newest existing checkpoint, and never the one about to be overwritten."""
-    removed: list[tuple[str, int]] = []
+    never the newest existing checkpoint nor the one about to be overwritten, and nothing at all
+    when even all of them would not make room (the save is refused with every checkpoint kept)."""
+    if fit.fits:
+        return fit, []
+    chosen, freed = [], 0
     for old, st in _doomed(path, keep_last, spare_newest=True):
-        if fit.fits:
+        chosen.append((old, tree_bytes(old, st)))
+        freed += chosen[-1][1]
+        if fit.avail + freed >= fit.need + fit.reserve:
             break
-        size = tree_bytes(old, st)
+    else:
+        return fit, []
+    for old, _size in chosen:
         remove(old)
-        removed.append((old, size))
-        fit = will_fit(path, fit.need, fit.reserve)
-    return fit, removed
+    return will_fit(path, fit.need, fit.reserve), chosen
 
 
 def _write_temp(writer: Callable[[Any], Any], final: str, as_dir: bool, pass_path: bool) -> str:
