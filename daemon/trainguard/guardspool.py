@@ -8,31 +8,34 @@ in the training process.
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import dataclass
-from typing import Any, Mapping
+from collections import namedtuple
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Mapping
 
 GUARD_EVENTS_FILE = "guard-events.jsonl"
 MAX_BYTES = 1 << 20  # with no daemon draining it, the spool stops growing here
 
 
-@dataclass(frozen=True, slots=True)
-class GuardEvent:
-    """One thing the in-trainer guard did."""
+_FIELDS = ("ts", "kind", "path", "pid", "bytes", "avail", "reserve", "removed", "source", "message")
 
-    ts: float
-    kind: str  # "saved", "fallback", "wont-fit", "stopped"
-    path: str
-    pid: int
-    bytes: int = 0  # the checkpoint's size (saved) or the estimate (wont-fit)
-    avail: int | None = None  # df's Avail on its filesystem at that moment
-    reserve: int | None = None
-    removed: tuple[tuple[str, int], ...] = ()  # (path, bytes) deleted by keep_last
-    source: str = "save_checkpoint"  # or "transformers", "lightning"
-    message: str = ""
+
+class GuardEvent(namedtuple("GuardEvent", _FIELDS, defaults=(0, None, None, (), "save_checkpoint", ""))):
+    """One thing the in-trainer guard did: ts (wall time), kind ("saved", "fallback", "wont-fit",
+    "stopped"), path, pid, bytes (the checkpoint's size, or the estimate that did not fit), avail
+    (df's Avail then), reserve, removed ((path, bytes) deleted by keep_last), source
+    ("save_checkpoint", "transformers", "lightning"), message.
+
+    A plain named tuple (immutable), not a dataclass: the guard runs inside the trainer and imports
+    neither dataclasses nor typing, which would cost more than the rest of it together."""
+
+    __slots__ = ()
 
     def to_json(self) -> str:
+        import json
+
         data = {"ts": self.ts, "kind": self.kind, "path": self.path, "pid": self.pid, "bytes": self.bytes,
                 "avail": self.avail, "reserve": self.reserve, "removed": [list(r) for r in self.removed],
                 "source": self.source, "message": self.message}
@@ -86,6 +89,8 @@ def drain(spool: str) -> tuple[list[GuardEvent], int]:
         os.ftruncate(fd, 0)
     finally:
         os.close(fd)
+    import json
+
     out, bad = [], 0
     for line in b"".join(chunks).splitlines():
         try:

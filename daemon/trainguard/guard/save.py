@@ -15,10 +15,8 @@ from __future__ import annotations
 import errno
 import io
 import os
-import shutil
 import stat
-from dataclasses import dataclass
-from typing import Any, Callable
+from collections import namedtuple
 
 from trainguard.guard import events
 from trainguard.guard.space import (
@@ -33,14 +31,16 @@ from trainguard.guard.space import (
 )
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable
 
 
-@dataclass(frozen=True, slots=True)
-class Saved:
-    path: str  # where the checkpoint is now (the fallback directory's copy when it fell back)
-    bytes: int
-    removed: tuple[tuple[str, int], ...] = ()  # (path, bytes) keep_last deleted
-    fallback: bool = False
+class Saved(namedtuple("Saved", "path bytes removed fallback", defaults=((), False))):
+    """What save_checkpoint() did: path (where the checkpoint is now: the fallback directory's copy
+    when it fell back), bytes, removed ((path, bytes) keep_last deleted), fallback."""
+
+    __slots__ = ()
 
 
 class _Sink(io.FileIO):
@@ -113,6 +113,8 @@ def remove(path: str) -> None:
     except FileNotFoundError:
         return
     if stat.S_ISDIR(st.st_mode):
+        import shutil  # here: shutil's import pulls in three compression modules
+
         shutil.rmtree(path, ignore_errors=True)
     else:
         os.unlink(path)

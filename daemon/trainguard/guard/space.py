@@ -11,8 +11,7 @@ import fnmatch
 import os
 import re
 import stat
-from dataclasses import dataclass
-from typing import Union
+from collections import namedtuple
 
 from trainguard.units import format_bytes, parse_bytes, parse_ratio
 
@@ -24,7 +23,7 @@ CHECKPOINT_FILES = ("*.pt", "*.pth", "*.ckpt", "*.safetensors", "*.bin")
 CHECKPOINT_DIRS = ("checkpoint-*", "global_step*")
 TEMP_MARK = ".tg-tmp-"  # our temporary names: ".<final name>.tg-tmp-<pid>-<random>"
 
-Reserve = Union[int, float, str, None]
+Reserve = int | float | str | None
 _DIGITS = re.compile(r"\d+")
 
 
@@ -48,16 +47,14 @@ class CheckpointWontFit(OSError):
         return self.args[1]
 
 
-@dataclass(frozen=True, slots=True)
-class Fit:
-    """The answer of will_fit(); true when the bytes fit with the reserve left over."""
+class Fit(namedtuple("Fit", "path need avail reserve size previous", defaults=(None,))):
+    """The answer of will_fit(), true when the bytes fit with the reserve left over: path, need
+    (bytes the save is expected to take; 0: nothing to go by), avail (bytes available to
+    unprivileged writers now, df's Avail), reserve (bytes that must stay free afterwards), size
+    (the filesystem's), previous (the checkpoint `need` was taken from). A named tuple: see
+    guardspool.GuardEvent."""
 
-    path: str
-    need: int  # bytes the save is expected to take (0: nothing to go by)
-    avail: int  # bytes available to unprivileged writers now (df's Avail)
-    reserve: int  # bytes that must stay free afterwards
-    size: int  # filesystem size
-    previous: str | None = None  # the checkpoint `need` was taken from
+    __slots__ = ()
 
     @property
     def fits(self) -> bool:
