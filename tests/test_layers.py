@@ -9,7 +9,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "daemon" / "trainguard"
 
 # Earlier stages never import later ones. Foundation modules (plain records and helpers) come first.
 LAYERS = [
-    {"records", "units", "clock", "redact", "rootcheck", "i18n"},
+    {"records", "units", "clock", "redact", "rootcheck", "i18n", "guardspool"},
     {"config"},
     {"sources"},
     {"store"},

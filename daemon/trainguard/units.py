@@ -8,12 +8,8 @@ that into one line per bad key.
 
 from __future__ import annotations
 
-import datetime as dt
 import math
 import re
-from typing import Annotated
-
-from pydantic import AfterValidator, BeforeValidator, PlainSerializer
 
 _NUMBER = r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
 
@@ -127,6 +123,8 @@ def format_ratio(r: float | None) -> str:
 
 def format_iso_utc(ts: float | None) -> str | None:
     """A wall-clock time for machines (JSON output, webhook payloads): ISO 8601 in UTC, to the second."""
+    import datetime as dt  # here: the in-trainer guard imports this module and never formats a time
+
     return None if ts is None else dt.datetime.fromtimestamp(ts, dt.timezone.utc).isoformat(timespec="seconds")
 
 
@@ -149,17 +147,3 @@ def format_bytes_exact(n: int) -> str:
     return f"{n}B"
 
 
-# Annotated types for pydantic models; serialised back in the human form a config file uses.
-Ratio = Annotated[float, BeforeValidator(parse_ratio), PlainSerializer(lambda v: f"{v * 100:g}%", return_type=str)]
-Bytes = Annotated[int, BeforeValidator(parse_bytes), PlainSerializer(format_bytes_exact, return_type=str)]
-Duration = Annotated[float, BeforeValidator(parse_duration), PlainSerializer(format_duration_exact, return_type=str)]
-
-
-def _positive(seconds: float) -> float:
-    if seconds <= 0:
-        raise ValueError('must be longer than 0s; write e.g. "500ms", "30s", "5m"')
-    return seconds
-
-
-# Intervals, timeouts and windows: zero would spin, never wait, or divide by nothing.
-PositiveDuration = Annotated[Duration, AfterValidator(_positive)]

@@ -233,6 +233,11 @@ class CleanupRunner:
         """Run one policy once. trigger "watermark" frees down to `low`; "schedule" takes every
         candidate; "manual" does what the policy's own triggers would (a watermark-only policy
         deletes nothing while its filesystem is below `high`)."""
+        if policy.type == "logs":  # rotation, not deletion: its own module (actions/rotate.py)
+            from trainguard.actions.rotate import rotate_logs
+
+            return rotate_logs(policy, trigger=trigger, dry_run=dry_run, on_item=on_item, audit=self.audit,
+                               proc_root=self.proc_root, homes=self.homes, clock=self.clock)
         started = self.clock()
         watermark = trigger == "watermark" or (trigger == "manual" and policy.watermark and policy.schedule is None)
         run = _Run(self.max_items, on_item)

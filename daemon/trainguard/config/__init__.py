@@ -14,6 +14,7 @@ from trainguard.config.cleanup import (
     CachePolicy,
     CheckpointsPolicy,
     CleanupPolicy,
+    LogsPolicy,
     MaxDelete,
 )
 from trainguard.config.general import Alerts, General, History, Metrics, parse_listen
@@ -49,7 +50,7 @@ __all__ = [
     "AGE_EXCLUDES", "CHECKPOINT_DIR_PATTERNS", "CHECKPOINT_PATTERNS", "DEFAULT_CLEANUP", "DEFAULT_CONFIG_PATH",
     "DEFAULT_LOG_PATTERNS", "ENV_CONFIG", "ENV_PREFIX", "SECRET_KEYS", "AgePolicy", "Alerts", "CachePolicy",
     "CheckpointsPolicy", "CleanupPolicy", "Config", "ConfigError", "Filesystems", "Forecast", "General", "Gpu",
-    "GpuOverride", "GpuRule", "History", "Io", "Loaded", "LogWatch", "MaxDelete", "Metrics", "Mirror", "mirrored_path", "MountOverride",
+    "GpuOverride", "GpuRule", "History", "Io", "Loaded", "LogWatch", "LogsPolicy", "MaxDelete", "Metrics", "Mirror", "mirrored_path", "MountOverride",
     "Notify", "NotifyTarget", "Strict", "ThrottleReason", "Thresholds", "dump", "env_overrides", "load", "parse",
     "parse_listen", "read_toml", "redact_url",
 ]

@@ -15,8 +15,9 @@ from pydantic import (
 )
 
 from trainguard.config.base import Strict
+from trainguard.config.types import Bytes, Duration, Ratio
 from trainguard.rootcheck import UnsafeRoot, check_root_text
-from trainguard.units import Bytes, Duration, Ratio, parse_bytes
+from trainguard.units import parse_bytes
 
 
 def _parse_max_delete(value: Any) -> "MaxDelete":
@@ -167,6 +168,27 @@ class CachePolicy(_CleanupBase):
         return self
 
 
+class LogsPolicy(_CleanupBase):
+    """Growing training logs, rotated in place (copytruncate: the trainer keeps the file open) into
+    compressed generations; binary files (event files, checkpoints) are never touched."""
+
+    type: Literal["logs"]
+    patterns: list[str] = ["*.log", "*.out", "*.err", "*.txt"]
+    max_size: Bytes = 100 * 2**20  # a log above this is rotated
+    keep: int = Field(5, ge=0)  # compressed generations kept per log: name.1.gz (newest) .. name.<keep>.gz
+    schedule: Duration | None = 600.0
+    grace: Duration = 0.0  # a log is rotated while it is being written; that is what it is for
+    # "auto": cut the copied part out of the file's head where the filesystem can (ext4, xfs: nothing
+    # written meanwhile is lost), else truncate like logrotate's copytruncate; "truncate": always truncate.
+    method: Literal["auto", "truncate"] = "auto"
+
+    @model_validator(mode="after")
+    def _has_roots(self) -> "LogsPolicy":
+        if not self.roots:
+            raise ValueError(f"policy {self.name!r}: logs needs roots (the directories holding the logs)")
+        return self
+
+
 def _unique_policy_names(policies: list[Any]) -> list[Any]:
     seen: set[str] = set()
     for policy in policies:
@@ -176,7 +198,7 @@ def _unique_policy_names(policies: list[Any]) -> list[Any]:
     return policies
 
 
-CleanupPolicy = Annotated[Union[CheckpointsPolicy, AgePolicy, CachePolicy], Field(discriminator="type")]
+CleanupPolicy = Annotated[Union[CheckpointsPolicy, AgePolicy, CachePolicy, LogsPolicy], Field(discriminator="type")]
 CleanupPolicies = Annotated[list[CleanupPolicy], AfterValidator(_unique_policy_names)]
 # The /tmp instance exists but is off until the config enables it.
 DEFAULT_CLEANUP = [AgePolicy(name="tmp", type="age", enabled=False)]

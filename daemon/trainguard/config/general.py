@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import field_validator
 
 from trainguard.config.base import Strict
-from trainguard.units import Duration, PositiveDuration
+from trainguard.config.types import Duration, PositiveDuration
 
 
 class General(Strict):

@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from trainguard.config.base import Strict
-from trainguard.units import Duration, PositiveDuration, Ratio
+from trainguard.config.types import Duration, PositiveDuration, Ratio
 
 
 class GpuOverride(Strict):

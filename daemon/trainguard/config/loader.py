@@ -17,12 +17,12 @@ from pydantic import ValidationError
 
 from trainguard.config.base import Strict
 from trainguard.config.cleanup import DEFAULT_CLEANUP, CleanupPolicies
+from trainguard.config.environment import ENV_CONFIG, ENV_PREFIX, EnvOverrides, read_env
 from trainguard.config.general import Alerts, General, History, Metrics
 from trainguard.config.gpu import Gpu
 from trainguard.config.mirror import Mirrors
 from trainguard.config.notify import Notify
 from trainguard.config.storage import Filesystems, Forecast, Io, LogWatch
-from trainguard.config.environment import ENV_CONFIG, ENV_PREFIX, EnvOverrides, read_env
 from trainguard.redact import redact_url, scrub
 
 if sys.version_info >= (3, 11):

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, Field, model_validator
 
 from trainguard.config.base import Strict
-from trainguard.units import Duration
+from trainguard.config.types import Duration
 
 
 class Mirror(Strict):

@@ -8,7 +8,8 @@ from typing import Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from trainguard.config.base import Strict
-from trainguard.units import Duration, PositiveDuration, Ratio, format_duration
+from trainguard.config.types import Duration, PositiveDuration, Ratio
+from trainguard.units import format_duration
 
 
 class Thresholds(Strict):

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 
 from trainguard import config as configmod
 from trainguard.actions.audit import freed_totals
+from trainguard.actions.guard_inbox import GuardInbox
 from trainguard.alerts.lifecycle import Lifecycle
 from trainguard.clock import Clock, SystemClock
 from trainguard.detectors import DetectorInput, evaluate
@@ -103,6 +104,7 @@ class Daemon:
         self.lifecycle = Lifecycle(self.db.connect(), repeat_interval=cfg.alerts.repeat_interval,
                                    keep_firing_for=cfg.alerts.keep_firing_for, writes=self.writes)
         self.heartbeat = Heartbeat(self.db.connect(), os.getpid())
+        self.guard_inbox = GuardInbox(self.state_dir, self.db.connect, clock=self.clock.time)  # trainguard.guard's events
         self.samplers = Samplers.from_config(cfg, self.clock, nvml=self.nvml, follow_logs=True)
         self.diagnoser = self._make_diagnoser(cfg)
         if self.notifiers is not None:
@@ -144,6 +146,7 @@ class Daemon:
         self.diagnoser.observe(snapshot)
         findings = self.diagnoser.enrich(findings, snapshot, now)
         events = self._with_cleanup(self.lifecycle.update(findings, now), now)
+        events += [AlertEvent(AlertStatus.FIRING, f, started_at=now, ts=now) for f in self.guard_inbox.drain()]
         for notifier in self.notifiers:
             try:
                 notifier.notify(events)
@@ -178,7 +181,9 @@ class Daemon:
         mirrors = [m for m in cfg.mirror if m.enabled]
         if not mirrors:
             return None
-        from trainguard.actions.mirror.worker import MirrorWorker  # only a daemon that mirrors carries it
+        from trainguard.actions.mirror.worker import (
+            MirrorWorker,  # only a daemon that mirrors carries it
+        )
 
         worker = MirrorWorker(mirrors, self.db.connect, self.clock)
         worker.start()
@@ -348,6 +353,7 @@ class Daemon:
             self.cleanup.stop()
         if self.mirror is not None:
             self.mirror.stop()
+        self.guard_inbox.close()
         for notifier in self.notifiers:
             try:
                 notifier.close()

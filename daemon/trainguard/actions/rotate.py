@@ -1,0 +1,311 @@
+"""The `logs` cleanup policy: rotate growing training logs in place into compressed generations.
+
+Trainers keep their log open, so the file cannot be renamed away (logrotate's `create`); it is
+copied and then emptied in place (logrotate's `copytruncate`). Differences from logrotate:
+- nothing is lost where the filesystem can cut a file's head (ext4, xfs): the copy stops at a
+  block boundary and exactly the copied bytes are removed with fallocate(COLLAPSE_RANGE), so
+  what the trainer writes meanwhile stays in the file. Elsewhere (tmpfs, NFS) the copy runs to
+  end of file and the file is truncated at once: only lines written between the last read and
+  the truncate (microseconds) are lost, where logrotate's copy-then-truncate loses everything
+  written from the end of its copy to its truncate;
+- a file held open for writing without O_APPEND (`python train.py > train.log`) is skipped:
+  the writer's offset would stay where it was and turn the emptied file into a sparse one;
+- binary content (event files, checkpoints: a NUL byte in the first 8 KiB) is never touched.
+The same safety rules as every cleanup policy: roots checked (safety.open_checked_root), other
+mounts below a root pruned, no symlink followed, every file opened relative to its directory.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import gzip
+import logging
+import os
+import re
+import stat
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from trainguard.actions import policies as sel
+from trainguard.actions import walker
+from trainguard.actions.audit import AuditLog
+from trainguard.actions.cleanup import CleanupReport, Item, RootReport, describe
+from trainguard.actions.safety import UnsafeRoot, mount_point_of, mounts_below, open_checked_root
+from trainguard.config import LogsPolicy
+from trainguard.units import format_bytes
+
+FALLOC_FL_KEEP_SIZE, FALLOC_FL_COLLAPSE_RANGE = 0x01, 0x08
+O_APPEND, O_ACCMODE = 0o2000, 0o3
+SNIFF = 8192  # bytes looked at for a NUL (binary) byte
+CHUNK = 1 << 20
+NEVER = ("events.out.tfevents.*", "*.pt", "*.pth", "*.ckpt", "*.safetensors", "*.bin", "*.gz", "*.zst", "*.xz")
+log = logging.getLogger(__name__)
+_GENERATION = re.compile(r"^(?P<base>.+)\.(?P<n>\d+)\.gz$")
+_libc = None
+
+
+@dataclass(frozen=True, slots=True)
+class Rotated:
+    relpath: str
+    before: int  # bytes the log took on disk
+    after: int  # what it takes now
+    generation: int  # the new compressed copy's size on disk (0 with keep = 0)
+    dropped: int  # bytes of old generations deleted
+    method: str  # "collapse" or "truncate"
+    lines_window_s: float = 0.0  # truncate only: last read to truncate, the window logrotate also has
+
+    @property
+    def saved(self) -> int:
+        return self.before - self.after - self.generation + self.dropped
+
+
+def _fallocate(fd: int, mode: int, offset: int, length: int) -> None:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    if _libc.fallocate(fd, mode, offset, length) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def writers(keys: set[tuple[int, int]], proc_root: str = "/proc") -> dict[tuple[int, int], list[tuple[int, int]]]:
+    """(dev, ino) -> [(pid, open flags)] of every fd open for writing on one of keys."""
+    found: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    try:
+        pids = [p for p in os.listdir(proc_root) if p.isdigit()]
+    except OSError:
+        return found
+    for pid in pids:
+        fd_dir = os.path.join(proc_root, pid, "fd")
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                st = os.stat(os.path.join(fd_dir, fd))
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) not in keys:
+                continue
+            try:
+                with open(os.path.join(proc_root, pid, "fdinfo", fd)) as fh:
+                    flags = next((int(line.split()[1], 8) for line in fh if line.startswith("flags:")), 0)
+            except (OSError, ValueError):
+                flags = O_ACCMODE  # unknown: treated as a writer without O_APPEND, i.e. left alone
+            if flags & O_ACCMODE:
+                found.setdefault((st.st_dev, st.st_ino), []).append((int(pid), flags))
+    return found
+
+
+def is_binary(fd: int) -> bool:
+    try:
+        start = os.lseek(fd, 0, os.SEEK_DATA)  # a sparse head (a writer's hole) is not content
+    except OSError:
+        start = 0
+    return b"\0" in os.pread(fd, SNIFF, start)
+
+
+def _copy(fd: int, out, start: int, end: int | None) -> int:
+    """Copy [start, end) -- or to end of file, re-reading until it stops growing -- into out."""
+    off = start
+    while end is None or off < end:
+        data = os.pread(fd, CHUNK if end is None else min(CHUNK, end - off), off)
+        if not data:
+            break
+        if out is not None:
+            out.write(data)
+        off += len(data)
+    return off
+
+
+def _generations(dir_fd: int, name: str) -> dict[int, os.stat_result]:
+    out = {}
+    for entry in os.scandir(dir_fd):
+        m = _GENERATION.match(entry.name)
+        if m and m.group("base") == name:
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode):
+                out[int(m.group("n"))] = st
+    return out
+
+
+def _shift_generations(dir_fd: int, name: str, keep: int) -> int:
+    """Make room for name.1.gz: drop what falls beyond keep, rename the rest one up. Bytes dropped."""
+    dropped = 0
+    existing = _generations(dir_fd, name)
+    for n, st in sorted(existing.items(), reverse=True):
+        if n >= keep:
+            os.unlink(f"{name}.{n}.gz", dir_fd=dir_fd)
+            dropped += st.st_blocks * 512
+        else:
+            os.rename(f"{name}.{n}.gz", f"{name}.{n + 1}.gz", src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    return dropped
+
+
+def rotate_file(dir_fd: int, name: str, relpath: str, fd: int, policy: LogsPolicy) -> Rotated:
+    """Copy the log into a compressed generation and remove what was copied from the live file."""
+    st = os.fstat(fd)
+    block = max(st.st_blksize, 512)
+    cut = ((st.st_size - 1) // block) * block  # COLLAPSE_RANGE must leave at least one byte
+    temp = f".{name}.rotating-{os.getpid()}.gz"
+    out = raw = None
+    if policy.keep:
+        raw_fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640,
+                         dir_fd=dir_fd)
+        raw = os.fdopen(raw_fd, "wb")
+        out = gzip.GzipFile(filename=name, mode="wb", fileobj=raw, compresslevel=6)
+    try:
+        method, window = "collapse", 0.0
+        copied = _copy(fd, out, 0, cut) if policy.method == "auto" and cut > 0 else 0
+        try:
+            if not copied:
+                raise OSError(errno.EOPNOTSUPP, "collapse not tried")
+            _fallocate(fd, FALLOC_FL_COLLAPSE_RANGE, 0, copied)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                raise
+            method = "truncate"
+            _copy(fd, out, copied, None)
+            last_read = time.perf_counter()
+            os.ftruncate(fd, 0)
+            window = time.perf_counter() - last_read
+        if out is not None:
+            out.close()
+            raw.flush()
+            os.fsync(raw.fileno())
+            raw.close()
+            generation = os.stat(temp, dir_fd=dir_fd, follow_symlinks=False).st_blocks * 512
+            dropped = _shift_generations(dir_fd, name, policy.keep)
+            os.rename(temp, f"{name}.1.gz", src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            os.fsync(dir_fd)
+        else:
+            generation, dropped = 0, sum(s.st_blocks * 512 for s in _generations(dir_fd, name).values())
+            _shift_generations(dir_fd, name, 0)
+    except BaseException:
+        if out is not None:
+            raw.close()
+            try:
+                os.unlink(temp, dir_fd=dir_fd)
+            except FileNotFoundError:
+                pass
+        raise
+    after = os.fstat(fd).st_blocks * 512
+    return Rotated(relpath, st.st_blocks * 512, after, generation, dropped, method, window)
+
+
+class _Tally:
+    def __init__(self, on_item: Callable[[Item], None] | None):
+        self.items: list[Item] = []
+        self.skipped: dict[str, int] = {}
+        self.on_item = on_item
+
+    def skip(self, reason: str) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+
+    def add(self, item: Item) -> None:
+        self.items.append(item)
+        if self.on_item is not None:
+            self.on_item(item)
+
+
+def _candidates(policy: LogsPolicy, root_fd: int, dev: int, below: frozenset[str], tally: _Tally):
+    wanted, excluded, never = sel.globset(policy.patterns), sel.globset(policy.exclude), sel.globset(NEVER)
+
+    def descend(entry: walker.Entry) -> bool:
+        return not excluded(entry.name, entry.path)
+
+    for entry in walker.walk(root_fd, dev=dev, descend=descend, prune_paths=below,
+                             on_problem=lambda p: tally.skip(p.reason)):
+        st = entry.st
+        if entry.is_dir or not wanted(entry.name, entry.path) or excluded(entry.name, entry.path):
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            tally.skip("symlink" if stat.S_ISLNK(st.st_mode) else "not-a-file")
+        elif never(entry.name, entry.path):
+            tally.skip("binary")
+        elif st.st_size > policy.max_size:
+            yield entry.path, st
+
+
+def _rotate_root(policy: LogsPolicy, root_fd: int, dev: int, below: frozenset[str],
+                 tally: _Tally, dry_run: bool, proc_root: str) -> list[Rotated]:
+    found = list(_candidates(policy, root_fd, dev, below, tally))
+    held = writers({(st.st_dev, st.st_ino) for _, st in found}, proc_root) if found else {}
+    done = []
+    for relpath, st in found:
+        if any(not flags & O_APPEND for _pid, flags in held.get((st.st_dev, st.st_ino), ())):
+            tally.skip("writer-without-append")
+            continue
+        parent, _, name = relpath.rpartition("/")
+        try:
+            dir_fd = walker.open_beneath(root_fd, parent, dev)
+        except OSError as exc:
+            tally.skip(walker.classify_error(exc))
+            continue
+        try:
+            fd = os.open(name, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+        except OSError as exc:
+            os.close(dir_fd)
+            tally.skip(walker.classify_error(exc))
+            continue
+        try:
+            now = os.fstat(fd)
+            if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino) or not stat.S_ISREG(now.st_mode):
+                tally.skip("replaced")
+            elif is_binary(fd):
+                tally.skip("binary")
+            elif dry_run:
+                done.append(Rotated(relpath, now.st_blocks * 512, 0, 0, 0, "dry-run"))
+            else:
+                done.append(rotate_file(dir_fd, name, relpath, fd, policy))
+        except OSError as exc:
+            tally.skip("no-space" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else walker.classify_error(exc))
+        finally:
+            os.close(fd)
+            os.close(dir_fd)
+    return done
+
+
+def rotate_logs(policy: LogsPolicy, *, trigger: str = "manual", dry_run: bool = False,
+                on_item: Callable[[Item], None] | None = None, audit: AuditLog | None = None,
+                proc_root: str = "/proc", homes: frozenset[str] | None = None,
+                clock: Callable[[], float] = time.time) -> CleanupReport:
+    """One run of a logs policy over all its roots; the report cleanup's alerts and CLI read."""
+    started = clock()
+    tally = _Tally(on_item)
+    roots: list[RootReport] = []
+    for root in policy.roots:
+        try:
+            o = open_checked_root(root, homes)
+        except UnsafeRoot as exc:
+            tally.skip("unsafe-root")
+            roots.append(RootReport(root, "", note=str(exc)))
+            continue
+        try:
+            mount = mount_point_of(o.path)
+            done = _rotate_root(policy, o.fd, o.dev, mounts_below(o.path, proc_root), tally, dry_run,
+                                proc_root)
+        finally:
+            os.close(o.fd)
+        for r in done:
+            path = os.path.join(o.path, r.relpath)
+            saved = r.before if dry_run else r.saved
+            reason = (f"logs: above max_size {format_bytes(policy.max_size)}, rotated ({r.method}) into "
+                      f"{format_bytes(r.generation)} compressed" if policy.keep else "logs: emptied (keep = 0)")
+            tally.add(Item(path, saved, 1, reason, 0.0))
+            if audit is not None and not dry_run:
+                audit.record(policy.name, mount, path, saved, 0, reason)
+        roots.append(RootReport(o.path, mount, len(done), sum(i.before if dry_run else i.saved for i in done)))
+    if audit is not None and not dry_run:
+        audit.flush()
+    files, nbytes = sum(r.files for r in roots), sum(r.bytes for r in roots)
+    report = CleanupReport(policy=policy.name, type=policy.type, trigger=trigger, dry_run=dry_run, started=started,
+                           finished=clock(), roots=tuple(roots), files=files, bytes=nbytes,
+                           skipped=dict(tally.skipped), items=tuple(tally.items), planned_files=files,
+                           planned_bytes=nbytes)
+    log.info("%s", describe(report))
+    return report

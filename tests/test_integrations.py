@@ -1,0 +1,162 @@
+"""The transformers and Lightning callbacks stop a real (tiny, CPU) training run on a small tmpfs that fills.
+
+Each run saves a checkpoint every step, so the disk fills within a few steps: without the guard the
+run dies of ENOSPC mid-save; with it, the run saves and stops cleanly, and its last checkpoint is whole.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.support.mounts import fill
+from trainguard import guardspool
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.root
+MiB = 2**20
+STEPS = 40
+
+
+class Tiny(torch.nn.Module):
+    """About 260 KiB of parameters: a checkpoint with Adam's state is under 1 MiB."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(256, 256)
+
+    def forward(self, x, labels=None):
+        out = self.layer(x)
+        loss = torch.nn.functional.mse_loss(out, labels) if labels is not None else None
+        return {"loss": loss, "logits": out}
+
+
+def rows(n: int = STEPS * 2):
+    g = torch.Generator().manual_seed(0)
+    return [{"x": torch.randn(256, generator=g), "labels": torch.randn(256, generator=g)} for _ in range(n)]
+
+
+def state_dir(tmp_path: Path) -> Path:
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "state.db").touch()
+    return state
+
+
+def spooled(state: Path) -> list[guardspool.GuardEvent]:
+    return guardspool.drain(str(state / guardspool.GUARD_EVENTS_FILE))[0]
+
+
+# ------------------------------------------------------------------ transformers
+
+
+def hf_trainer(output_dir: Path, callbacks):
+    transformers = pytest.importorskip("transformers")
+    args = transformers.TrainingArguments(
+        output_dir=str(output_dir), max_steps=STEPS, save_steps=1, per_device_train_batch_size=2,
+        logging_steps=1000, report_to=[], use_cpu=True, disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    return transformers.Trainer(model=Tiny(), args=args, train_dataset=rows(), callbacks=callbacks)
+
+
+@pytest.mark.parametrize("tmpfs_mount", [5 * MiB], indirect=True)
+def test_transformers_run_saves_then_stops_before_the_disk_is_full(tmpfs_mount, tmp_path):
+    from trainguard.integrations.transformers import DiskGuardCallback
+
+    state = state_dir(tmp_path)
+    guard = DiskGuardCallback(reserve="256KiB", state_dir=str(state))
+    trainer = hf_trainer(tmpfs_mount / "run", [guard])
+    trainer.train()  # returns: no ENOSPC, no exception
+    assert guard.stopped is not None and 0 < trainer.state.global_step < STEPS
+    checkpoints = sorted((tmpfs_mount / "run").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    last = checkpoints[-1]
+    assert last.name == f"checkpoint-{trainer.state.global_step}"  # the stop came right after a save
+    assert json.loads((last / "trainer_state.json").read_text())["global_step"] == trainer.state.global_step
+    from safetensors.torch import load_file
+
+    assert set(load_file(str(last / "model.safetensors"))) == {"layer.weight", "layer.bias"}
+    torch.load(last / "optimizer.pt", weights_only=True)  # whole, loadable
+    stopped = [e for e in spooled(state) if e.kind == "stopped"]
+    assert len(stopped) == 1 and stopped[0].source == "transformers"
+
+
+@pytest.mark.parametrize("tmpfs_mount", [5 * MiB], indirect=True)
+def test_transformers_run_without_the_guard_dies_mid_save(tmpfs_mount):
+    trainer = hf_trainer(tmpfs_mount / "run", [])
+    with pytest.raises(Exception) as err:  # the disk-full error surfaces as the library wraps it
+        trainer.train()
+    assert "No space left on device" in str(err.value) or "write failed" in str(err.value)
+    checkpoints = sorted((tmpfs_mount / "run").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    assert not (checkpoints[-1] / "trainer_state.json").exists()  # the torn checkpoint it leaves
+
+
+@pytest.mark.parametrize("tmpfs_mount", [5 * MiB], indirect=True)
+def test_transformers_guard_skips_a_save_that_would_not_fit(tmpfs_mount, tmp_path):
+    from trainguard.integrations.transformers import DiskGuardCallback
+
+    guard = DiskGuardCallback(reserve=0, state_dir=str(state_dir(tmp_path)))
+    fill(tmpfs_mount / "someone-else.bin", 4 * MiB + 768 * 1024)  # less room than one checkpoint
+    trainer = hf_trainer(tmpfs_mount / "run", [guard])
+    trainer.train()
+    assert trainer.state.global_step == 1 and guard.stopped.action == "stop"
+    assert not list((tmpfs_mount / "run").glob("checkpoint-*"))
+
+
+# ------------------------------------------------------------------ lightning
+
+
+def lightning_run(dirpath: Path, callbacks, plugins=()):
+    pl = pytest.importorskip("lightning.pytorch")
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = Tiny()
+
+        def training_step(self, batch, _idx):
+            return self.net(batch["x"], batch["labels"])["loss"]
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters(), lr=1e-3)
+
+    checkpoint = pl.callbacks.ModelCheckpoint(dirpath=str(dirpath), every_n_train_steps=1, save_top_k=-1)
+    trainer = pl.Trainer(max_steps=STEPS, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, callbacks=[*callbacks, checkpoint], plugins=list(plugins),
+                         default_root_dir=str(dirpath.parent))
+    loader = torch.utils.data.DataLoader(rows(), batch_size=2)
+    module = Module()
+    trainer.fit(module, loader)
+    return trainer
+
+
+@pytest.mark.parametrize("tmpfs_mount", [5 * MiB], indirect=True)
+def test_lightning_run_saves_then_stops_before_the_disk_is_full(tmpfs_mount, tmp_path):
+    from trainguard.integrations.lightning import AtomicCheckpointIO, DiskGuard
+
+    state = state_dir(tmp_path)
+    guard = DiskGuard(reserve="256KiB", state_dir=str(state))
+    trainer = lightning_run(tmpfs_mount / "ckpt", [guard], [AtomicCheckpointIO(state_dir=str(state))])
+    assert guard.stopped is not None and 0 < trainer.global_step < STEPS
+    saved = sorted(os.listdir(tmpfs_mount / "ckpt"))
+    assert all(not name.startswith(".") for name in saved)  # no temporaries left behind
+    assert f"epoch=0-step={trainer.global_step}.ckpt" in saved  # saved at the step it stopped
+    ckpt = torch.load(tmpfs_mount / "ckpt" / f"epoch=0-step={trainer.global_step}.ckpt", weights_only=False)
+    assert ckpt["global_step"] == trainer.global_step and ckpt["optimizer_states"]
+    kinds = [e.kind for e in spooled(state)]
+    assert kinds.count("stopped") == 1 and kinds.count("saved") == len(saved)
+
+
+@pytest.mark.parametrize("tmpfs_mount", [5 * MiB], indirect=True)
+def test_lightning_guard_skips_a_save_that_would_not_fit(tmpfs_mount, tmp_path):
+    from trainguard.integrations.lightning import DiskGuard
+
+    guard = DiskGuard(reserve=0, state_dir=str(state_dir(tmp_path)))
+    (tmpfs_mount / "ckpt").mkdir()
+    fill(tmpfs_mount / "someone-else.bin", 4 * MiB + 768 * 1024)
+    trainer = lightning_run(tmpfs_mount / "ckpt", [guard])
+    assert trainer.global_step == 1 and guard.stopped.action == "stop"
+    assert os.listdir(tmpfs_mount / "ckpt") == []
