@@ -240,12 +240,12 @@ def cmd_test_alert(args: argparse.Namespace) -> int:
         summary=f"test alert from trainguard on {host}: if you can read this, delivery works",
         details={"host": host, "config": loaded.source, "sent_by": "trainguard test-alert"},
         hint="nothing to do; real alerts look like this one")
-    message = compose(host, [AlertEvent(AlertStatus.FIRING, finding, started_at=now, ts=now)])
+    events = [AlertEvent(AlertStatus.FIRING, finding, started_at=now, ts=now)]
     sender = AppriseSender(Redactor(t.url for t in cfg.notify.targets))
     failed = 0
     for target in targets:
         started = time.monotonic()
-        delivery = sender.send(target, message)
+        delivery = sender.send(target, compose(host, events, cfg.notify.language_for(target)))
         took = time.monotonic() - started
         note = ""
         if below_floor(target, severity):

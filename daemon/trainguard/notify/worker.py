@@ -124,7 +124,7 @@ class TargetWorker:
         return None if next_due is None else max(next_due, self.not_before)
 
     def _deliver(self, entries: Sequence) -> bool:
-        message = compose(entries[0].host, [e.event for e in entries])
+        message = compose(entries[0].host, [e.event for e in entries], self.settings.language_for(self.target))
         ids = [e.id for e in entries]
         delivery = self.sender.send(self.target, message)
         done = self.clock.time()
