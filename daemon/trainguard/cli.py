@@ -72,7 +72,13 @@ def cmd_status(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     quiet_logging()
     doc = status.build(loaded.config, state_dir=args.state_dir)
-    print(json.dumps(doc, indent=2) if args.json else status.render(doc))
+    lang = loaded.config.notify.language
+    if args.html:
+        from trainguard.surfaces.status_page import render_page
+
+        with open(args.html, "w", encoding="utf-8") as fh:
+            fh.write(render_page(doc, lang))
+    print(json.dumps(doc, indent=2) if args.json else status.render(doc, lang))
     return EXIT_OK
 
 
@@ -300,6 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
     parsers["run"].add_argument("--once", action="store_true",
                                 help="one full cycle, print the findings, exit 1 if any is critical")
     parsers["status"].add_argument("--json", action="store_true", help="one JSON document (schema in README)")
+    parsers["status"].add_argument("--html", metavar="FILE", help="also write a self-contained page drawing "
+                                   "each mount's use over 24 h, the forecast and the alerts")
     parsers["check-config"].add_argument("path", nargs="?", help="config file to check")
     parsers["diagnose"].add_argument("gpu", nargs="?", help="GPU index or UUID (default: every GPU)")
     parsers["diagnose"].add_argument("--json", action="store_true", help="the diagnosis as JSON")

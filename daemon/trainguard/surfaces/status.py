@@ -20,7 +20,7 @@ from trainguard.records import Finding, FsSample, GpuSample, Severity, Snapshot
 from trainguard.sources.samplers import Samplers
 from trainguard.store import state
 from trainguard.store.history import History
-from trainguard.units import format_bytes, format_duration, format_iso_utc, format_ratio
+from trainguard.units import format_iso_utc
 
 SCHEMA_VERSION = 1
 DISK_SAMPLE_GAP = 0.5  # seconds between the two diskstats readings a rate needs
@@ -46,6 +46,22 @@ def _mount_state(sample: FsSample, findings: Sequence[Finding]) -> str:
     return _severity_state([f for f in findings if f.labels.get("mountpoint") == sample.mount.mount_point])
 
 
+HISTORY_SPAN = 24 * 3600.0  # the use history `status` shows per mount ...
+HISTORY_STEPS = 48  # ... in this many steps (30 min each)
+
+
+def used_history(history: History, mount_point: str, now: float) -> list[float | None]:
+    """The mount's used ratio over the last 24 h, one value per step (the last sample in it), oldest first;
+    None for a step without a sample."""
+    step = HISTORY_SPAN / HISTORY_STEPS
+    out: list[float | None] = [None] * HISTORY_STEPS
+    for ts, value in history.points(f"fs.used_ratio:{mount_point}", now - HISTORY_SPAN):
+        index = min(int((ts - (now - HISTORY_SPAN)) / step), HISTORY_STEPS - 1)
+        if index >= 0:
+            out[index] = round(value, 4)
+    return out
+
+
 def filesystem_doc(sample: FsSample, inp: DetectorInput, findings: Sequence[Finding]) -> dict[str, Any]:
     m, u = sample.mount, sample.usage
     disk = inp.snapshot.disk_for(m)
@@ -69,6 +85,7 @@ def filesystem_doc(sample: FsSample, inp: DetectorInput, findings: Sequence[Find
         "unresponsive_seconds": (round(max(inp.now, sample.ts) - sample.unresponsive_since, 1)
                                  if sample.unresponsive_since else None),
         "error": sample.error,
+        "used_ratio_24h": used_history(inp.history, m.mount_point, inp.now),
     }
 
 
@@ -101,6 +118,11 @@ def gpu_status_doc(snapshot: Snapshot) -> dict[str, Any] | None:
             "device_count": st.device_count, "lost": list(st.lost)}
 
 
+def _thresholds(cfg: configmod.Config, mount_point: str) -> dict[str, float]:
+    t = cfg.filesystems.thresholds_for(mount_point)
+    return {"warning": t.warning, "critical": t.critical}
+
+
 def build(cfg: configmod.Config, *, state_dir: str | None = None, clock: Clock | None = None,
           nvml: Any = None) -> dict[str, Any]:
     clock = clock or SystemClock()
@@ -131,6 +153,9 @@ def build(cfg: configmod.Config, *, state_dir: str | None = None, clock: Clock |
         "version": SCHEMA_VERSION,
         "host": cfg.general.host,
         "generated_at": format_iso_utc(now),
+        "generated_ts": now,
+        "history_step_seconds": HISTORY_SPAN / HISTORY_STEPS,
+        "thresholds": {fs.mount.mount_point: _thresholds(cfg, fs.mount.mount_point) for fs in snapshot.filesystems},
         "daemon_state": conn is not None,
         "filesystems": [filesystem_doc(s, inp, findings) for s in snapshot.filesystems],
         "missing_paths": list(snapshot.missing_paths),
@@ -177,62 +202,8 @@ def summary_target_zero() -> dict[str, Any]:
     return {"pending": 0, "retrying": 0, "failed_24h": 0, "delivered_24h": 0, "next_try": None}
 
 
-def _table(rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+def render(doc: dict[str, Any], lang: str = "en") -> str:
+    """The table for people (surfaces/status_text.py), in the [notify] language."""
+    from trainguard.surfaces.status_text import render_text
 
-
-def render(doc: dict[str, Any]) -> str:
-    rows = [["MOUNT", "FSTYPE", "DEVICE", "SIZE", "USED", "INODES", "IO", "ETA FULL", "STATE"]]
-    for fs in doc["filesystems"]:
-        rows.append([
-            fs["mountpoint"], fs["fstype"], fs["device"], format_bytes(fs["size_bytes"]),
-            format_ratio(fs["used_ratio"]), format_ratio(fs["inodes_used_ratio"]), format_ratio(fs["io_util_ratio"]),
-            format_duration(fs["eta_seconds"]),
-            fs["state"] if fs["state"] != "unresponsive" else f"unresponsive {format_duration(fs['unresponsive_seconds'])}",
-        ])
-    out = [f"trainguard on {doc['host']} at {doc['generated_at']}"
-           + ("" if doc["daemon_state"] else " (no daemon history: trends need `trainguard run`)"), "", _table(rows)]
-    gst = doc.get("gpu_status")
-    if doc.get("gpus"):
-        grows = [["GPU", "NAME", "UTIL", "VRAM", "TEMP", "POWER", "PROCS", "STATE"]]
-        for g in doc["gpus"]:
-            vram = (f"{format_bytes(g['memory_used_bytes'])}/{format_bytes(g['memory_total_bytes'])}"
-                    if g["memory_total_bytes"] else "-")
-            grows.append([str(g["index"]), g["name"], format_ratio(g["util_ratio"]), vram,
-                          f"{g['temperature_c']:.0f}C" if g["temperature_c"] is not None else "-",
-                          f"{g['power_w']:.0f}W" if g["power_w"] is not None else "-",
-                          str(len(g["processes"])), g["state"]])
-        out += ["", _table(grows)]
-        for g in doc["gpus"]:
-            if g["verdict"]:
-                out.append(f"  GPU {g['index']} stall: {g['verdict']}")
-    if gst and gst["state"] not in ("ok",):
-        out += ["", f"GPU: {gst['message'] or gst['state']}"]
-    out.append("")
-    if doc["findings"]:
-        out.append("Findings:")
-        out.extend(f"  [{f['severity'].upper()}] {f['summary']}" for f in doc["findings"])
-    else:
-        out.append("Findings: none")
-    if doc.get("cleanup"):
-        out.append("Cleanup freed (last 24h / total):")
-        out.extend(f"  {c['policy']}: {format_bytes(c['freed_bytes_24h'])} / {format_bytes(c['freed_bytes_total'])}"
-                   f" ({c['freed_files_total']} files, last run {c['last_run']})" for c in doc["cleanup"])
-    firing = [a for a in doc["alerts"] if a["state"] == "firing"]
-    if firing:
-        out.append("Alerts firing (daemon):")
-        out.extend(f"  [{a['severity'].upper()}] {a['summary']} since {a['firing_since']}" for a in firing)
-    box = doc.get("outbox")
-    if box and (box["targets"] or box["pending"] or box["dropped"]):
-        out += ["", f"Notifications: {box['pending']} pending, {len(box['retrying'])} target(s) retrying, "
-                    f"{box['failed_24h']} failed and {box['delivered_24h']} delivered in the last 24 h"
-                    + (f", {box['dropped']} dropped (outbox full)" if box["dropped"] else "")]
-        rows = [["TARGET", "PENDING", "RETRYING", "NEXT TRY", "FAILED 24H", "DELIVERED 24H"]]
-        for t in box["targets"]:
-            rows.append([t["name"] + ("" if t["configured"] else " (removed)"), str(t["pending"]),
-                         str(t["retrying"]), t["next_try_at"] or "-", str(t["failed_24h"]), str(t["delivered_24h"])])
-        out.append(_table(rows))
-        for r in box["retrying"]:
-            out.append(f"  {r['target']}: attempt {r['attempts']} failed: {r['last_error']}")
-    return "\n".join(out)
+    return render_text(doc, lang)

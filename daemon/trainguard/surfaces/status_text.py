@@ -1,0 +1,148 @@
+"""`trainguard status` for people: tables, each mount's last 24 h as a sparkline, the forecast,
+findings and alerts, in the [notify] language. (The JSON document is the stable interface.)"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from trainguard.i18n import N_, Gettext, tr
+from trainguard.units import format_bytes, format_duration, format_ratio
+
+BLOCKS = "▁▂▃▄▅▆▇█"
+MIN_SPAN = 0.05  # a sparkline spans at least 5 points of use, so noise does not look like a cliff
+
+
+def sparkline(values: Sequence[float | None], width: int = 24) -> str:
+    """Use over time in unicode blocks, oldest left; a space where there was no sample. The scale runs
+    from the window's lowest to its highest use (at least MIN_SPAN wide)."""
+    if not values:
+        return ""
+    per = max(len(values) // width, 1)
+    cells = [next((v for v in reversed(values[i:i + per]) if v is not None), None)
+             for i in range(0, len(values), per)][-width:]
+    known = [v for v in cells if v is not None]
+    if not known:
+        return " " * len(cells)
+    low, high = min(known), max(known)
+    if high - low < MIN_SPAN:
+        low = max(0.0, min(low, high - MIN_SPAN))
+        high = low + MIN_SPAN
+    top = len(BLOCKS) - 1
+    return "".join(" " if v is None else BLOCKS[round((v - low) / (high - low) * top)] for v in cells)
+
+
+def _range(values: Sequence[float | None]) -> str:
+    known = [v for v in values if v is not None]
+    if not known:
+        return "-"
+    low, high = min(known), max(known)
+    return f"{low * 100:.0f}–{high * 100:.0f}%"
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(_width(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c + " " * (w - _width(c)) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def _width(text: str) -> int:
+    """Terminal columns: CJK characters take two."""
+    return sum(2 if "\u2e80" <= ch <= "\uffef" and ch not in BLOCKS else 1 for ch in text)
+
+
+STATES = {"ok": N_("ok"), "warning": N_("warning"), "critical": N_("critical"),
+          "unresponsive": N_("unresponsive"), "stalled": N_("stalled"), "lost": N_("lost")}
+
+
+def _state(word: str, _: Gettext) -> str:
+    return _(STATES[word]) if word in STATES else word
+
+
+def _mounts(doc: dict[str, Any], _: Gettext) -> list[str]:
+    rows = [[_("MOUNT"), _("FSTYPE"), _("DEVICE"), _("SIZE"), _("USED"), _("LAST 24H"), _("24H RANGE"), _("INODES"), _("IO"),
+             _("ETA FULL"), _("STATE")]]
+    for fs in doc["filesystems"]:
+        state = _state(fs["state"], _)
+        if fs["state"] == "unresponsive":
+            state = f"{state} {format_duration(fs['unresponsive_seconds'])}"
+        history = fs.get("used_ratio_24h") or []
+        rows.append([
+            fs["mountpoint"], fs["fstype"], fs["device"], format_bytes(fs["size_bytes"]), format_ratio(fs["used_ratio"]),
+            sparkline(history) or "-", _range(history), format_ratio(fs["inodes_used_ratio"]),
+            format_ratio(fs["io_util_ratio"]), format_duration(fs["eta_seconds"]), state,
+        ])
+    return [_table(rows)]
+
+
+def _gpus(doc: dict[str, Any], _: Gettext) -> list[str]:
+    out: list[str] = []
+    if doc.get("gpus"):
+        rows = [[_("GPU"), _("NAME"), _("UTIL"), _("VRAM"), _("TEMP"), _("POWER"), _("PROCS"), _("STATE")]]
+        for g in doc["gpus"]:
+            vram = (f"{format_bytes(g['memory_used_bytes'])}/{format_bytes(g['memory_total_bytes'])}"
+                    if g["memory_total_bytes"] else "-")
+            rows.append([str(g["index"]), g["name"], format_ratio(g["util_ratio"]), vram,
+                         f"{g['temperature_c']:.0f} °C" if g["temperature_c"] is not None else "-",
+                         f"{g['power_w']:.0f} W" if g["power_w"] is not None else "-",
+                         str(len(g["processes"])), _state(g["state"], _)])
+        out += ["", _table(rows)]
+        out += [_("  GPU {gpu} stall: {verdict}").format(gpu=g["index"], verdict=g["verdict"])
+                for g in doc["gpus"] if g["verdict"]]
+    gst = doc.get("gpu_status")
+    if gst and gst["state"] not in ("ok",):
+        out += ["", _("GPU: {message}").format(message=gst["message"] or gst["state"])]
+    return out
+
+
+def _findings(doc: dict[str, Any], _: Gettext, lang: str) -> list[str]:
+    from trainguard.notify.messages import SEVERITY_WORDS
+    from trainguard.notify.texts import texts_for
+    from trainguard.records import Finding, Severity
+
+    if not doc["findings"]:
+        return [_("Findings: none")]
+    out = [_("Findings:")]
+    for f in doc["findings"]:
+        finding = Finding(f["key"], Severity(f["severity"]), f["summary"], details=f["details"], labels=f["labels"],
+                          value=f["value"], threshold=f["threshold"], hint=f["hint"] or "")
+        t = texts_for(finding, _)
+        out.append(f"  [{_(SEVERITY_WORDS[f['severity']])}] {t.what}")
+        if t.step:
+            out.append("      " + _("Next step:") + ("" if lang == "zh" else " ") + t.step)
+    return out
+
+
+def _outbox(box: dict[str, Any] | None, _: Gettext) -> list[str]:
+    if not box or not (box["targets"] or box["pending"] or box["dropped"]):
+        return []
+    line = _("Notifications: {pending} pending, {retrying} target(s) retrying, {failed} failed and {delivered} "
+             "delivered in the last 24 h").format(pending=box["pending"], retrying=len(box["retrying"]),
+                                                   failed=box["failed_24h"], delivered=box["delivered_24h"])
+    if box["dropped"]:
+        line += _(", {dropped} dropped (outbox full)").format(dropped=box["dropped"])
+    rows = [[_("TARGET"), _("PENDING"), _("RETRYING"), _("NEXT TRY"), _("FAILED 24H"), _("DELIVERED 24H")]]
+    for t in box["targets"]:
+        rows.append([t["name"] + ("" if t["configured"] else _(" (removed)")), str(t["pending"]),
+                     str(t["retrying"]), t["next_try_at"] or "-", str(t["failed_24h"]), str(t["delivered_24h"])])
+    out = ["", line, _table(rows)]
+    out += [_("  {target}: attempt {attempts} failed: {error}").format(
+        target=r["target"], attempts=r["attempts"], error=r["last_error"]) for r in box["retrying"]]
+    return out
+
+
+def render_text(doc: dict[str, Any], lang: str = "en") -> str:
+    _ = tr(lang)
+    head = _("trainguard on {host} at {at}").format(host=doc["host"], at=doc["generated_at"])
+    if not doc["daemon_state"]:
+        head += _(" (no daemon history: trends need trainguard run)")
+    out = [head, ""] + _mounts(doc, _) + _gpus(doc, _) + [""] + _findings(doc, _, lang)
+    if doc.get("cleanup"):
+        out.append(_("Cleanup freed (last 24 h / total):"))
+        out.extend(_("  {policy}: {day} / {total} ({files} files, last run {last})").format(
+            policy=c["policy"], day=format_bytes(c["freed_bytes_24h"]), total=format_bytes(c["freed_bytes_total"]),
+            files=c["freed_files_total"], last=c["last_run"]) for c in doc["cleanup"])
+    firing = [a for a in doc["alerts"] if a["state"] == "firing"]
+    if firing:
+        out.append(_("Alerts firing (daemon):"))
+        out.extend(_("  [{severity}] {summary} since {since}").format(
+            severity=a["severity"].upper(), summary=a["summary"], since=a["firing_since"]) for a in firing)
+    return "\n".join(out + _outbox(doc.get("outbox"), _))
