@@ -6,6 +6,7 @@ for people and may change.
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from typing import Any, Sequence
 
@@ -50,19 +51,35 @@ HISTORY_SPAN = 24 * 3600.0  # the use history `status` shows per mount ...
 HISTORY_STEPS = 48  # ... in this many steps (30 min each)
 
 
-def used_history(history: History, mount_point: str, now: float) -> list[float | None]:
-    """The mount's used ratio over the last 24 h, one value per step (the last sample in it), oldest first;
-    None for a step without a sample."""
+USED_SQL = """
+SELECT s.name, CAST((x.ts - ?1) / ?2 AS INTEGER) AS step, AVG(x.value)
+FROM (SELECT series_id, ts, value FROM samples WHERE ts >= ?1
+      UNION ALL SELECT series_id, ts, value FROM rollups WHERE ts >= ?1) AS x
+JOIN series AS s ON s.id = x.series_id
+WHERE s.name LIKE 'fs.used_ratio:%' GROUP BY s.name, step
+"""
+
+
+def used_history(conn: sqlite3.Connection | None, now: float) -> dict[str, list[float | None]]:
+    """Each mount's used ratio over the last 24 h from the daemon's database, one mean per step,
+    oldest first; None for a step without a sample. (Read from the database: the daemon keeps only
+    the forecast window in memory.)"""
+    if conn is None:
+        return {}
     step = HISTORY_SPAN / HISTORY_STEPS
-    out: list[float | None] = [None] * HISTORY_STEPS
-    for ts, value in history.points(f"fs.used_ratio:{mount_point}", now - HISTORY_SPAN):
-        index = min(int((ts - (now - HISTORY_SPAN)) / step), HISTORY_STEPS - 1)
-        if index >= 0:
-            out[index] = round(value, 4)
+    out: dict[str, list[float | None]] = {}
+    try:
+        rows = conn.execute(USED_SQL, (now - HISTORY_SPAN, step)).fetchall()
+    except sqlite3.OperationalError:  # a database without history tables
+        return {}
+    for name, index, value in rows:
+        if 0 <= index < HISTORY_STEPS:
+            out.setdefault(name.split(":", 1)[1], [None] * HISTORY_STEPS)[index] = round(value, 4)
     return out
 
 
-def filesystem_doc(sample: FsSample, inp: DetectorInput, findings: Sequence[Finding]) -> dict[str, Any]:
+def filesystem_doc(sample: FsSample, inp: DetectorInput, findings: Sequence[Finding],
+                   used: dict[str, list[float | None]] | None = None) -> dict[str, Any]:
     m, u = sample.mount, sample.usage
     disk = inp.snapshot.disk_for(m)
     trend = inp.trend(sample)
@@ -85,7 +102,7 @@ def filesystem_doc(sample: FsSample, inp: DetectorInput, findings: Sequence[Find
         "unresponsive_seconds": (round(max(inp.now, sample.ts) - sample.unresponsive_since, 1)
                                  if sample.unresponsive_since else None),
         "error": sample.error,
-        "used_ratio_24h": used_history(inp.history, m.mount_point, inp.now),
+        "used_ratio_24h": (used or {}).get(m.mount_point, [None] * HISTORY_STEPS),
     }
 
 
@@ -118,6 +135,33 @@ def gpu_status_doc(snapshot: Snapshot) -> dict[str, Any] | None:
             "device_count": st.device_count, "lost": list(st.lost)}
 
 
+def alert_doc(s: alerts.AlertState) -> dict[str, Any]:
+    return {"key": s.key, "state": s.state, "severity": s.severity.value, "summary": s.finding.summary,
+            "pending_since": format_iso_utc(s.pending_since), "firing_since": format_iso_utc(s.firing_since)}
+
+
+def page_doc(cfg: configmod.Config, state_dir: str, snapshot: Snapshot | None, fill_eta: dict[str, float],
+             now: float) -> dict[str, Any]:
+    """What the daemon's /status page draws: the last cycle's mounts, their 24 h of use and forecast,
+    and the alerts, from a read-only connection of its own (safe from the HTTP thread)."""
+    conn = state.read_only(state_dir)
+    try:
+        used = used_history(conn, now)
+        alert_states = alerts.load_states(conn) if conn is not None else []
+    finally:
+        if conn is not None:
+            conn.close()
+    mounts = []
+    for s in snapshot.filesystems if snapshot else ():
+        mp, u = s.mount.mount_point, s.usage
+        mounts.append({"mountpoint": mp, "used_ratio": round(u.used_ratio, 4) if u else None,
+                       "avail_bytes": u.avail_bytes if u else None, "eta_seconds": fill_eta.get(mp),
+                       "used_ratio_24h": used.get(mp, [None] * HISTORY_STEPS)})
+    return {"host": cfg.general.host, "generated_ts": now, "history_step_seconds": HISTORY_SPAN / HISTORY_STEPS,
+            "thresholds": {m["mountpoint"]: _thresholds(cfg, m["mountpoint"]) for m in mounts},
+            "filesystems": mounts, "alerts": [alert_doc(a) for a in alert_states]}
+
+
 def _thresholds(cfg: configmod.Config, mount_point: str) -> dict[str, float]:
     t = cfg.filesystems.thresholds_for(mount_point)
     return {"warning": t.warning, "critical": t.critical}
@@ -144,6 +188,7 @@ def build(cfg: configmod.Config, *, state_dir: str | None = None, clock: Clock |
     snapshot = samplers.sample(now)
     history.record(now, series_of(snapshot))
     active = {s.key: s.severity for s in alert_states}
+    used = used_history(conn, now)
     inp = DetectorInput(cfg, history, snapshot, now, active)
     findings = evaluate(inp)
     findings = StallDiagnoser(cfg.general.proc_root, py_spy=cfg.gpu.py_spy, clock=clock.time).enrich(
@@ -157,16 +202,12 @@ def build(cfg: configmod.Config, *, state_dir: str | None = None, clock: Clock |
         "history_step_seconds": HISTORY_SPAN / HISTORY_STEPS,
         "thresholds": {fs.mount.mount_point: _thresholds(cfg, fs.mount.mount_point) for fs in snapshot.filesystems},
         "daemon_state": conn is not None,
-        "filesystems": [filesystem_doc(s, inp, findings) for s in snapshot.filesystems],
+        "filesystems": [filesystem_doc(s, inp, findings, used) for s in snapshot.filesystems],
         "missing_paths": list(snapshot.missing_paths),
         "gpu_status": gpu_status_doc(snapshot),
         "gpus": [gpu_doc(g, findings) for g in snapshot.gpus],
         "findings": [finding_doc(f) for f in sorted(findings, key=lambda f: (-f.severity.rank, f.key))],
-        "alerts": [
-            {"key": s.key, "state": s.state, "severity": s.severity.value, "summary": s.finding.summary,
-             "pending_since": format_iso_utc(s.pending_since), "firing_since": format_iso_utc(s.firing_since)}
-            for s in sorted(alert_states, key=lambda s: s.key)
-        ],
+        "alerts": [alert_doc(s) for s in sorted(alert_states, key=lambda s: s.key)],
     }
     doc["cleanup"] = [
         {"policy": f.policy, "freed_bytes_24h": f.bytes_24h, "freed_files_24h": f.files_24h,

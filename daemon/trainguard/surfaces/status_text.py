@@ -24,8 +24,8 @@ def sparkline(values: Sequence[float | None], width: int = 24) -> str:
     if not known:
         return " " * len(cells)
     low, high = min(known), max(known)
-    if high - low < MIN_SPAN:
-        low = max(0.0, min(low, high - MIN_SPAN))
+    if high - low < MIN_SPAN:  # nearly flat: drawn in the middle of a MIN_SPAN band
+        low = (low + high - MIN_SPAN) / 2
         high = low + MIN_SPAN
     top = len(BLOCKS) - 1
     return "".join(" " if v is None else BLOCKS[round((v - low) / (high - low) * top)] for v in cells)
