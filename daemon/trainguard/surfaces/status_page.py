@@ -40,10 +40,11 @@ def _axes(now: float, _: Gettext) -> list[str]:
     for r in (0.0, 0.5, 1.0):
         out.append(f'<line class="grid" x1="{LEFT}" x2="{W - RIGHT}" y1="{_y(r):.1f}" y2="{_y(r):.1f}"/>'
                    f'<text class="lbl" x="4" y="{_y(r) + 4:.1f}">{r * 100:.0f}%</text>')
-    for hours, label in ((-24, _("-24 h")), (-12, _("-12 h")), (0, _("now")), (12, _("+12 h"))):
+    for hours, label in ((-23.5, _("-24 h")), (-12, _("-12 h")), (0, _("now")), (12, _("+12 h"))):
         x = _x(now + hours * 3600, now)
         out.append(f'<line class="grid" x1="{x:.1f}" x2="{x:.1f}" y1="{TOP}" y2="{H - BOTTOM}"/>'
-                   f'<text class="lbl" x="{x - 14:.1f}" y="{H - 6}">{escape(label)}</text>')
+                   f'<text class="lbl" x="{x:.1f}" y="{H - 6}" text-anchor="{"end" if hours == 12 else "middle"}">'
+                   f'{escape(label)}</text>')
     return out
 
 

@@ -3,9 +3,11 @@ findings and alerts, in the [notify] language. (The JSON document is the stable 
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any, Sequence
 
-from trainguard.i18n import N_, Gettext, tr
+from trainguard.i18n import N_, Gettext, format_when, tr
+from trainguard.notify.messages import SEVERITY_WORDS
 from trainguard.units import format_bytes, format_duration, format_ratio
 
 BLOCKS = "▁▂▃▄▅▆▇█"
@@ -94,7 +96,6 @@ def _gpus(doc: dict[str, Any], _: Gettext) -> list[str]:
 
 
 def _findings(doc: dict[str, Any], _: Gettext, lang: str) -> list[str]:
-    from trainguard.notify.messages import SEVERITY_WORDS
     from trainguard.notify.texts import texts_for
     from trainguard.records import Finding, Severity
 
@@ -129,9 +130,13 @@ def _outbox(box: dict[str, Any] | None, _: Gettext) -> list[str]:
     return out
 
 
+def _local(iso: str | None) -> str:
+    return format_when(dt.datetime.fromisoformat(iso).timestamp()) if iso else "-"
+
+
 def render_text(doc: dict[str, Any], lang: str = "en") -> str:
     _ = tr(lang)
-    head = _("trainguard on {host} at {at}").format(host=doc["host"], at=doc["generated_at"])
+    head = _("trainguard on {host} at {at}").format(host=doc["host"], at=_local(doc["generated_at"]))
     if not doc["daemon_state"]:
         head += _(" (no daemon history: trends need trainguard run)")
     out = [head, ""] + _mounts(doc, _) + _gpus(doc, _) + [""] + _findings(doc, _, lang)
@@ -144,5 +149,6 @@ def render_text(doc: dict[str, Any], lang: str = "en") -> str:
     if firing:
         out.append(_("Alerts firing (daemon):"))
         out.extend(_("  [{severity}] {summary} since {since}").format(
-            severity=a["severity"].upper(), summary=a["summary"], since=a["firing_since"]) for a in firing)
+            severity=_(SEVERITY_WORDS[a["severity"]]), summary=a["summary"], since=_local(a["firing_since"]))
+            for a in firing)
     return "\n".join(out + _outbox(doc.get("outbox"), _))
