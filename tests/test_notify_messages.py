@@ -21,7 +21,7 @@ def test_title_and_body_say_what_where_how_bad_what_was_done_and_what_next():
                         "full in about 40m.")  # what happened first, each quantity once
     assert lines[1].startswith("Why: The trend of the last 2h")
     assert lines[2] == "Action taken: cleanup freed 12.0 GiB"
-    assert lines[3].startswith("Next step: Free space now (trainguard cleanup --dry-run")
+    assert lines[3].startswith("Next step: Free space now: remove old checkpoints")
     assert "action taken:" not in m.text  # shown once, as the action, not as a raw fact
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from trainguard.i18n import Gettext
+from trainguard.i18n import N_, Gettext
 from trainguard.records import Finding
 from trainguard.units import format_bytes, format_duration, format_ratio
 
@@ -76,6 +76,10 @@ def _mp(f: Finding) -> str:
 
 # --- filesystems ----------------------------------------------------------------
 
+STEP_FREE = N_("Free space now: remove old checkpoints and caches (trainguard cleanup --dry-run shows "
+               "candidates), or move output to a larger volume.")
+
+
 @renders("fs.usage")
 def _fs_usage(f: Finding, _: Gettext) -> Texts:
     d, mp = f.details, _mp(f)
@@ -86,8 +90,7 @@ def _fs_usage(f: Finding, _: Gettext) -> Texts:
             mp=mp, used=format_ratio(d["used_ratio"]), avail=format_bytes(d["avail_bytes"]),
             size=format_bytes(d["size_bytes"])),
         why=_("When it is full, writes fail: checkpoints and logs are lost and training may crash."),
-        step=_("Free space: remove old checkpoints and caches (trainguard cleanup --dry-run shows candidates), "
-               "or move output to a larger volume."))
+        step=_(STEP_FREE))
 
 
 @renders("fs.inodes")
@@ -117,7 +120,7 @@ def _fs_forecast(f: Finding, _: Gettext) -> Texts:
         what=what,
         why=_("The trend of the last {span} says it runs out; then writes fail and training may crash.").format(
             span=format_duration(d.get("fitted_span_seconds"))),
-        step=_("Free space now (trainguard cleanup --dry-run shows candidates) or move output to a larger volume."))
+        step=_(STEP_FREE))
 
 
 @renders("fs.unresponsive")
