@@ -8,6 +8,8 @@ from typing import Any, Sequence
 
 from trainguard.i18n import N_, Gettext, format_when, tr
 from trainguard.notify.messages import SEVERITY_WORDS
+from trainguard.notify.texts import Texts, texts_for
+from trainguard.records import Finding, Severity
 from trainguard.units import format_bytes, format_duration, format_ratio
 
 BLOCKS = "▁▂▃▄▅▆▇█"
@@ -95,17 +97,18 @@ def _gpus(doc: dict[str, Any], _: Gettext) -> list[str]:
     return out
 
 
-def _findings(doc: dict[str, Any], _: Gettext, lang: str) -> list[str]:
-    from trainguard.notify.texts import texts_for
-    from trainguard.records import Finding, Severity
+def _what(f: dict[str, Any], _: Gettext) -> Texts:
+    """A finding of the status document as the person reads it in their language (notify/texts.py)."""
+    return texts_for(Finding(f["key"], Severity(f["severity"]), f["summary"], details=f["details"],
+                             labels=f["labels"], value=f["value"], threshold=f["threshold"], hint=f["hint"] or ""), _)
 
+
+def _findings(doc: dict[str, Any], _: Gettext, lang: str) -> list[str]:
     if not doc["findings"]:
         return [_("Findings: none")]
     out = [_("Findings:")]
     for f in doc["findings"]:
-        finding = Finding(f["key"], Severity(f["severity"]), f["summary"], details=f["details"], labels=f["labels"],
-                          value=f["value"], threshold=f["threshold"], hint=f["hint"] or "")
-        t = texts_for(finding, _)
+        t = _what(f, _)
         out.append(f"  [{_(SEVERITY_WORDS[f['severity']])}] {t.what}")
         if t.step:
             out.append("      " + _("Next step:") + ("" if lang == "zh" else " ") + t.step)
@@ -146,9 +149,11 @@ def render_text(doc: dict[str, Any], lang: str = "en") -> str:
             policy=c["policy"], day=format_bytes(c["freed_bytes_24h"]), total=format_bytes(c["freed_bytes_total"]),
             files=c["freed_files_total"], last=c["last_run"]) for c in doc["cleanup"])
     firing = [a for a in doc["alerts"] if a["state"] == "firing"]
+    seen_now = {f["key"]: f for f in doc["findings"]}
     if firing:
         out.append(_("Alerts firing (daemon):"))
         out.extend(_("  [{severity}] {summary} since {since}").format(
-            severity=_(SEVERITY_WORDS[a["severity"]]), summary=a["summary"], since=_local(a["firing_since"]))
+            severity=_(SEVERITY_WORDS[a["severity"]]), since=_local(a["firing_since"]),
+            summary=_what(seen_now[a["key"]], _).what.rstrip("。.") if a["key"] in seen_now else a["summary"])
             for a in firing)
     return "\n".join(out + _outbox(doc.get("outbox"), _))
