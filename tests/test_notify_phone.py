@@ -117,3 +117,11 @@ def test_the_stall_title_is_short_now():
     zh = compose("gpu-07", [AlertEvent(AlertStatus.FIRING, SAMPLES["gpu.stall"], started_at=T0, ts=T0)], "zh")
     assert zh.title == "gpu-07 GPU 3 已空转 31m"
     assert "下一步：TensorBoard 的 event writer 卡在共享文件系统上" in zh.text
+
+
+def test_resolved_in_chinese_says_what_recovered_and_how_long_it_lasted():
+    m = compose("gpu3", [AlertEvent(AlertStatus.RESOLVED, SAMPLES["fs.forecast"], started_at=T0, ts=T0 + 7500)], "zh")
+    assert m.title == "gpu3 /data 磁盘空间已恢复，持续了 2h05m"
+    assert m.text.startswith("已恢复正常。最后一次看到：/data 已用 96.1%")
+    assert "下一步" not in m.text and "原因" not in m.text
+    assert "已恢复 · " in m.text and OFFSET_TIME.search(m.text)

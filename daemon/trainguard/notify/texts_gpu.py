@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from trainguard.detectors.gpu import XID_MEANINGS, _log_hint
-from trainguard.diagnosis.stall import _remedy_for
 from trainguard.i18n import N_, Gettext, tr
 from trainguard.notify.texts import Texts, plain, renders, short_path
 from trainguard.records import Finding
 from trainguard.units import format_bytes, format_duration, format_ratio
 
+# (The detector and diagnosis modules are imported where used: composing a message stays light.)
 # The log patterns whose next steps are translated (the detector's hint for each, in English).
 LOG_HINT_PATTERNS = ("No space left on device", "tfevents", "CUDA out of memory", "NCCL", "")
 XID_UNKNOWN = (N_("see NVIDIA's XID catalogue"), N_("check dmesg for NVRM lines"))
@@ -58,6 +57,8 @@ def _gpu_orphan(f: Finding, _: Gettext) -> Texts:
 
 @renders("gpu.xid")
 def _gpu_xid(f: Finding, _: Gettext) -> Texts:
+    from trainguard.detectors.gpu import XID_MEANINGS  # with the detector's table, not a copy of it
+
     gpu = _gpu(f)
     worst = int(f.value) if f.value is not None else int(f.details["xids"][-1])
     meaning, step = XID_MEANINGS.get(worst, XID_UNKNOWN)
@@ -102,6 +103,9 @@ def _log_match(f: Finding, _: Gettext) -> Texts:
 
 def translated_sources() -> list[str]:
     """English texts defined outside this package that are rendered through the catalog."""
+    from trainguard.detectors.gpu import XID_MEANINGS, _log_hint
+    from trainguard.diagnosis.stall import _remedy_for
+
     out = [m for pair in XID_MEANINGS.values() for m in pair]
     out += [_log_hint(p) for p in LOG_HINT_PATTERNS]
     out += [_remedy_for(category, "nfs", "/share", False) for category in ("tfevents", "checkpoint")]
