@@ -184,6 +184,6 @@ def test_status_json_and_table(tmp_path):
     assert doc["daemon_state"] is False
     table = trainguard("status", "--config", str(path), "--state-dir", str(tmp_path / "s"))
     assert table.returncode == 0
-    assert table.stdout.splitlines()[2].split() == ["MOUNT", "FSTYPE", "DEVICE", "SIZE", "USED", "INODES", "IO",
-                                                    "ETA", "FULL", "STATE"]
+    assert table.stdout.splitlines()[2].split() == ["MOUNT", "FSTYPE", "DEVICE", "SIZE", "USED", "LAST", "24H",
+                                                    "24H", "RANGE", "INODES", "IO", "ETA", "FULL", "STATE"]
     assert "[WARNING]" in table.stdout

@@ -72,7 +72,7 @@ def test_webhook_receives_the_alert_as_stable_json_fields(http_receiver, tmp_pat
     assert doc["details"]["avail_bytes"] == 2 * 2**30
     assert doc["value"] == 0.961 and doc["threshold"] == 0.9
     assert doc["started_at"].startswith(time.strftime("%Y-%m-%dT", time.gmtime(now)))
-    assert doc["title"] == "[CRITICAL] gpu-07: /data 96.1% full, ~40m left"
+    assert doc["title"] == "gpu-07 /data 96.1% full, ~40m left"
     assert "Action taken: cleanup freed 3.0 GiB" in doc["message"]
     assert "Next step: delete old checkpoints" in doc["message"]
     assert rows(tmp_path) == [("delivered", 1, None)]
@@ -96,7 +96,7 @@ def test_one_cycle_of_findings_is_one_message(http_receiver, tmp_path):
         "fs.usage:/data", "fs.inodes:/scratch", "disk.saturated:sda"]
     assert doc["alerts"][2]["status"] == "resolved" and doc["alerts"][2]["duration_seconds"] == 5400
     assert doc["title"].endswith("(+2 more)")
-    assert "resolved after 1h30m" in doc["message"]
+    assert "OK again after 1h30m" in doc["message"]
     assert [r[0] for r in rows(tmp_path)] == ["delivered"] * 3
 
 

@@ -57,7 +57,9 @@ def target(url: str) -> config.NotifyTarget:
 def event() -> AlertEvent:
     now = time.time()
     f = Finding("fs.forecast:/root/autodl-tmp", Severity.CRITICAL, "/root/autodl-tmp 96.1% full, ~40m left",
-                details={"mountpoint": "/root/autodl-tmp", "eta_seconds": 2400, "action_taken": "cleanup freed 12 GiB"},
+                details={"mountpoint": "/root/autodl-tmp", "eta_seconds": 2400, "action_taken": "cleanup freed 12 GiB",
+                         "avail_bytes": 2 * 2**30, "used_ratio": 0.961, "fill_bytes_per_second": 2**30 / 1200,
+                         "fitted_span_seconds": 7200},
                 hint="move checkpoints to the data disk")
     return AlertEvent(AlertStatus.FIRING, f, started_at=now, ts=now)
 
@@ -83,12 +85,11 @@ def test_signed_markdown_request(dingtalk):
     assert query["sign"] == [expected]  # encoded once on the wire, as DingTalk verifies it
     payload = json.loads(call["data"])
     assert payload["msgtype"] == "markdown"
-    assert payload["markdown"]["title"] == "[CRITICAL] gpu-07: /root/autodl-tmp 96.1% full, ~40m left"
+    assert payload["markdown"]["title"] == "gpu-07 /root/autodl-tmp 96% — full in 40m"
     text = payload["markdown"]["text"]
-    assert text.startswith("# [CRITICAL] gpu-07: /root/autodl-tmp 96.1% full, ~40m left\n")
-    assert "- eta: **40m**" in text
+    assert text.startswith("# gpu-07 /root/autodl-tmp 96% — full in 40m\n/root/autodl-tmp is 96.1% full")
     assert "**Action taken:** cleanup freed 12 GiB" in text
-    assert "**Next step:** move checkpoints to the data disk" in text
+    assert "**Next step:** Free space now" in text
     assert call["headers"]["Content-Type"] == "application/json"
 
 

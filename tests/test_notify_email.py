@@ -34,7 +34,7 @@ def test_plain_smtp_mail_has_subject_body_and_recipients():
     assert sorted(r for m in mails for r in m.rcpt_tos) == ["oncall@example.com", "ops@example.com"]
     mail = mails[0]
     assert mail.mail_from == "trainguard@example.com" and not mail.tls
-    assert mail.subject == "[CRITICAL] gpu-07: /data 96.1% full, 2.0 GiB free"
+    assert mail.subject == "gpu-07 /data 96.1% full, 2.0 GiB free"
     assert mail.message.get_content_type() == "text/plain"
     assert "used: 96.1%" in mail.body and "Next step: delete old checkpoints" in mail.body
 
@@ -51,7 +51,7 @@ def test_starttls_with_login(tmp_path):
         (mail,) = server.wait_for(1)
     assert mail.tls and mail.login == "alerts"
     assert mail.rcpt_tos == ("ops@example.com",)
-    assert mail.subject.startswith("[CRITICAL] gpu-07:")
+    assert mail.subject.startswith("gpu-07 /data")
 
 
 def test_wrong_password_is_a_failure_with_a_reason_and_no_secret(tmp_path):

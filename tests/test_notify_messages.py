@@ -11,23 +11,35 @@ T0 = 1_800_000_000.0
 
 def test_title_and_body_say_what_where_how_bad_what_was_done_and_what_next():
     f = Finding("fs.forecast:/root/autodl-tmp", Severity.CRITICAL, "/root/autodl-tmp 96.1% full, ~40m left",
-                details={"avail_bytes": 2 * 2**30, "used_ratio": 0.961, "eta_seconds": 2400,
-                         "action_taken": "cleanup freed 12.0 GiB"},
-                hint="move checkpoints to the data disk")
+                details={"mountpoint": "/root/autodl-tmp", "avail_bytes": 2 * 2**30, "used_ratio": 0.961,
+                         "eta_seconds": 2400, "fill_bytes_per_second": 3 * 2**30 / 3600, "fitted_span_seconds": 7200,
+                         "action_taken": "cleanup freed 12.0 GiB"})
     m = compose("gpu-07", [AlertEvent(AlertStatus.FIRING, f, started_at=T0, ts=T0)])
-    assert m.title == "[CRITICAL] gpu-07: /root/autodl-tmp 96.1% full, ~40m left"
-    assert "avail: 2.0 GiB" in m.text and "used: 96.1%" in m.text and "eta: 40m" in m.text
-    assert "Action taken: cleanup freed 12.0 GiB" in m.text
-    assert "Next step: move checkpoints to the data disk" in m.text
+    assert m.title == "gpu-07 /root/autodl-tmp 96% — full in 40m"
+    lines = m.text.splitlines()
+    assert lines[0] == ("/root/autodl-tmp is 96.1% full with 2.0 GiB free and fills at 3.0 GiB/h: "
+                        "full in about 40m.")  # what happened first, each quantity once
+    assert lines[1].startswith("Why: The trend of the last 2h")
+    assert lines[2] == "Action taken: cleanup freed 12.0 GiB"
+    assert lines[3].startswith("Next step: Free space now: remove old checkpoints")
     assert "action taken:" not in m.text  # shown once, as the action, not as a raw fact
 
 
 def test_resolved_says_how_long_it_lasted_and_no_next_step():
-    f = Finding("fs.usage:/data", Severity.WARNING, "/data 88.0% full", hint="free space")
+    f = Finding("fs.usage:/data", Severity.WARNING, "/data 88.0% full", hint="free space",
+                details={"mountpoint": "/data", "used_ratio": 0.88, "avail_bytes": 12 * 2**30,
+                         "size_bytes": 100 * 2**30, "used_bytes": 88 * 2**30})
     m = compose("gpu-07", [AlertEvent(AlertStatus.RESOLVED, f, started_at=T0, ts=T0 + 2 * 3600 + 300)])
-    assert m.title == "[RESOLVED] gpu-07: /data 88.0% full — resolved after 2h05m"
+    assert m.title == "gpu-07 /data disk space OK again after 2h05m"
     assert "Next step" not in m.text and m.payload["status"] == "resolved"
     assert m.payload["duration_seconds"] == 7500
+
+
+def test_a_kind_without_renderer_keeps_the_detectors_text_and_facts():
+    f = Finding("new.kind:x", Severity.WARNING, "x is odd", details={"free_bytes": 2 * 2**30}, hint="look at x")
+    m = compose("h", [AlertEvent(AlertStatus.FIRING, f, started_at=T0, ts=T0)], lang="zh")
+    assert m.title == "h x is odd"
+    assert "free: 2.0 GiB" in m.text and "下一步：look at x" in m.text
 
 
 def test_group_puts_the_worst_firing_alert_on_top():
@@ -35,7 +47,7 @@ def test_group_puts_the_worst_firing_alert_on_top():
               AlertEvent(AlertStatus.FIRING, Finding("c", Severity.WARNING, "C"), T0, T0),
               AlertEvent(AlertStatus.FIRING, Finding("a", Severity.CRITICAL, "A"), T0, T0)]
     m = compose("h", events)
-    assert m.title == "[CRITICAL] h: A (+2 more)"
+    assert m.title == "h A (+2 more)"
     assert [a["key"] for a in m.payload["alerts"]] == ["a", "c", "b"]
     assert m.payload["severity"] == "critical" and m.payload["count"] == 3
     assert m.text.index("[CRITICAL] A") < m.text.index("[WARNING] C") < m.text.index("[RESOLVED] B")

@@ -96,8 +96,14 @@ def cmd_status(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     quiet_logging()
     doc = status.build(loaded.config, state_dir=args.state_dir)
+    lang = loaded.config.notify.language
+    if args.html:
+        from trainguard.surfaces.status_page import render_page
+
+        with open(args.html, "w", encoding="utf-8") as fh:
+            fh.write(render_page(doc, lang))
     # Findings quote watched log lines, which may carry a token: status never shows one.
-    print(scrub(json.dumps(doc, indent=2) if args.json else status.render(doc)))
+    print(scrub(json.dumps(doc, indent=2) if args.json else status.render(doc, lang)))
     return EXIT_OK
 
 
@@ -317,12 +323,12 @@ def cmd_test_alert(args: argparse.Namespace) -> int:
         summary=f"test alert from trainguard on {host}: if you can read this, delivery works",
         details={"host": host, "config": loaded.source, "sent_by": "trainguard test-alert"},
         hint="nothing to do; real alerts look like this one")
-    message = compose(host, [AlertEvent(AlertStatus.FIRING, finding, started_at=now, ts=now)])
+    events = [AlertEvent(AlertStatus.FIRING, finding, started_at=now, ts=now)]
     sender = AppriseSender(Redactor(t.url for t in cfg.notify.targets))
     failed = 0
     for target in targets:
         started = time.monotonic()
-        delivery = sender.send(target, message)
+        delivery = sender.send(target, compose(host, events, cfg.notify.language_for(target)))
         took = time.monotonic() - started
         note = ""
         if below_floor(target, severity):
@@ -381,6 +387,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 help="log to this file instead of stderr, rotated at 10 MiB (3 old files kept); "
                                      "for containers without systemd")
     parsers["status"].add_argument("--json", action="store_true", help="one JSON document (schema in README)")
+    parsers["status"].add_argument("--html", metavar="FILE", help="also write a self-contained page drawing "
+                                   "each mount's use over 24 h, the forecast and the alerts")
     parsers["check-config"].add_argument("path", nargs="?", help="config file to check")
     parsers["check-config"].add_argument("--json", action="store_true",
                                          help="print the sources and the effective config as JSON")

@@ -80,7 +80,9 @@ def test_hung_share_stalls_the_gpu_and_the_alert_says_why(share, tmp_path, http_
     assert any(f["path"] == run.event_file and f["mount_point"] == str(share.mountpoint)
                for f in process["remote_files"])
     assert "local disk" in stall.hint
-    assert "EventFileWriter" in stall.title and "stalled" in stall.title  # what the phone shows first
+    assert "GPU 0 stalled for" in stall.title and len(stall.title) <= 60  # what the phone shows first
+    first, why = stall.text.splitlines()[:2]  # then what happened, and why: the verdict
+    assert first.startswith("GPU 0 ") and why.startswith("Why: Diagnosis: ") and "EventFileWriter" in why
     assert "local disk" in stall.text
 
     # The share comes back: training resumes and both alerts resolve on their own, promptly.

@@ -23,6 +23,8 @@ class NotifyTarget(Strict):
     # Messages per minute; 0: the service's own limit (DingTalk robots: 20/min), else unlimited.
     rate_limit: int = Field(0, ge=0)
     timeout: PositiveDuration = 10.0  # one delivery attempt (connect and read) gives up after this
+    # The language of this target's messages ("en", "zh"); unset: [notify] language.
+    language: Literal["en", "zh"] | None = None
 
     @model_validator(mode="after")
     def _has_scheme(self) -> "NotifyTarget":
@@ -34,6 +36,8 @@ class NotifyTarget(Strict):
 
 class Notify(Strict):
     targets: list[NotifyTarget] = []
+    # The language of alerts, test alerts and `status` ("en", "zh"); a target may set its own.
+    language: Literal["en", "zh"] = "en"
     # Wait this long after a new alert before sending, to batch others of the same cycle (0: send at once).
     group_wait: Duration = 0.0
     # After a message to a target, further alerts wait this long and go out together.
@@ -42,6 +46,9 @@ class Notify(Strict):
     retry_max: PositiveDuration = 600.0  # ... up to this
     max_age: PositiveDuration = 24 * 3600.0  # an undelivered message older than this is given up (logged as an error)
     max_pending: int = Field(10_000, ge=1)  # outbox bound: beyond it the oldest low-severity messages are dropped
+
+    def language_for(self, target: NotifyTarget) -> str:
+        return target.language or self.language
 
     @model_validator(mode="after")
     def _unique_names(self) -> "Notify":

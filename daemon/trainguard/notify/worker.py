@@ -174,7 +174,7 @@ class TargetWorker:
                 log.info("target %r: the alerts kept in memory are in the state database again", self.name)
 
     def _deliver(self, box: Outbox, entries: Sequence) -> bool:
-        message = compose(entries[0].host, [e.event for e in entries])
+        message = compose(entries[0].host, [e.event for e in entries], self.settings.language_for(self.target))
         ids = [e.id for e in entries]
         delivery = self.sender.send(self.target, message)
         done = self.clock.time()

@@ -239,13 +239,23 @@ class Daemon:
         address = self.config.metrics.address
         if address is None:
             return
-        server = MetricsServer(lambda: self.readings, address)
+        server = MetricsServer(lambda: self.readings, address, pages={"/status": self.status_page})
         try:
             server.start()
         except OSError as exc:
             log.error("cannot serve metrics on %s: %s (metrics.listen)", self.config.metrics.listen, exc)
             return
         self.metrics = server
+
+    def status_page(self) -> str:
+        """The /status page on the metrics port: use over 24 h, forecast and alerts per mount."""
+        from trainguard.surfaces.status import page_doc
+        from trainguard.surfaces.status_page import render_page
+
+        r = self.readings
+        doc = page_doc(self.config, self.state_dir, r.snapshot if r else None, dict(r.fill_eta) if r else {},
+                       self.clock.time())
+        return render_page(doc, self.config.notify.language)
 
     def stop_metrics(self) -> None:
         if self.metrics is not None:

@@ -209,8 +209,9 @@ class MetricsServer:
     """The /metrics HTTP endpoint in its own threads; start() binds, stop() releases the port."""
 
     def __init__(self, source: Callable[[], Readings | None], address: tuple[str, int], *,
-                 registry: CollectorRegistry | None = None):
+                 registry: CollectorRegistry | None = None, pages: Mapping[str, Callable[[], str]] | None = None):
         self.address = address
+        self.pages = dict(pages or {})  # path -> HTML (surfaces/pages.py), e.g. the daemon's /status
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=False)
         self.registry.register(ReadingsCollector(source))
         self._httpd = None
@@ -223,7 +224,14 @@ class MetricsServer:
 
     def start(self) -> None:
         host, port = self.address
-        self._httpd, self._thread = start_wsgi_server(port, addr=host, registry=self.registry)
+        if self.pages:
+            from prometheus_client import make_wsgi_app
+
+            from trainguard.surfaces.pages import serve, with_pages
+
+            self._httpd, self._thread = serve(host, port, with_pages(make_wsgi_app(self.registry), self.pages))
+        else:
+            self._httpd, self._thread = start_wsgi_server(port, addr=host, registry=self.registry)
         self._thread.name = "metrics-http"
         log.info("serving metrics on http://%s:%d/metrics", f"[{host}]" if ":" in host else host, self.port)
 

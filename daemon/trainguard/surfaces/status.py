@@ -6,6 +6,7 @@ for people and may change.
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from dataclasses import replace
 from typing import Any, Sequence
@@ -21,7 +22,7 @@ from trainguard.records import Finding, FsSample, GpuSample, Severity, Snapshot
 from trainguard.sources.samplers import Samplers
 from trainguard.store import heartbeat, state
 from trainguard.store.history import History
-from trainguard.units import format_bytes, format_duration, format_iso_utc, format_ratio
+from trainguard.units import format_iso_utc
 
 SCHEMA_VERSION = 1
 DISK_SAMPLE_GAP = 0.5  # seconds between the two diskstats readings a rate needs
@@ -47,7 +48,39 @@ def _mount_state(sample: FsSample, findings: Sequence[Finding]) -> str:
     return _severity_state([f for f in findings if f.labels.get("mountpoint") == sample.mount.mount_point])
 
 
-def filesystem_doc(sample: FsSample, inp: DetectorInput, findings: Sequence[Finding]) -> dict[str, Any]:
+HISTORY_SPAN = 24 * 3600.0  # the use history `status` shows per mount ...
+HISTORY_STEPS = 48  # ... in this many steps (30 min each)
+
+
+USED_SQL = """
+SELECT s.name, CAST((x.ts - ?1) / ?2 AS INTEGER) AS step, AVG(x.value)
+FROM (SELECT series_id, ts, value FROM samples WHERE ts >= ?1
+      UNION ALL SELECT series_id, ts, value FROM rollups WHERE ts >= ?1) AS x
+JOIN series AS s ON s.id = x.series_id
+WHERE s.name LIKE 'fs.used_ratio:%' GROUP BY s.name, step
+"""
+
+
+def used_history(conn: sqlite3.Connection | None, now: float) -> dict[str, list[float | None]]:
+    """Each mount's used ratio over the last 24 h from the daemon's database, one mean per step,
+    oldest first; None for a step without a sample. (Read from the database: the daemon keeps only
+    the forecast window in memory.)"""
+    if conn is None:
+        return {}
+    step = HISTORY_SPAN / HISTORY_STEPS
+    out: dict[str, list[float | None]] = {}
+    try:
+        rows = conn.execute(USED_SQL, (now - HISTORY_SPAN, step)).fetchall()
+    except sqlite3.OperationalError:  # a database without history tables
+        return {}
+    for name, index, value in rows:
+        if 0 <= index < HISTORY_STEPS:
+            out.setdefault(name.split(":", 1)[1], [None] * HISTORY_STEPS)[index] = round(value, 4)
+    return out
+
+
+def filesystem_doc(sample: FsSample, inp: DetectorInput, findings: Sequence[Finding],
+                   used: dict[str, list[float | None]] | None = None) -> dict[str, Any]:
     m, u = sample.mount, sample.usage
     disk = inp.snapshot.disk_for(m)
     trend = inp.trend(sample)
@@ -70,6 +103,7 @@ def filesystem_doc(sample: FsSample, inp: DetectorInput, findings: Sequence[Find
         "unresponsive_seconds": (round(max(inp.now, sample.ts) - sample.unresponsive_since, 1)
                                  if sample.unresponsive_since else None),
         "error": sample.error,
+        "used_ratio_24h": (used or {}).get(m.mount_point, [None] * HISTORY_STEPS),
     }
 
 
@@ -102,6 +136,38 @@ def gpu_status_doc(snapshot: Snapshot) -> dict[str, Any] | None:
             "device_count": st.device_count, "lost": list(st.lost)}
 
 
+def alert_doc(s: alerts.AlertState) -> dict[str, Any]:
+    return {"key": s.key, "state": s.state, "severity": s.severity.value, "summary": s.finding.summary,
+            "pending_since": format_iso_utc(s.pending_since), "firing_since": format_iso_utc(s.firing_since)}
+
+
+def page_doc(cfg: configmod.Config, state_dir: str, snapshot: Snapshot | None, fill_eta: dict[str, float],
+             now: float) -> dict[str, Any]:
+    """What the daemon's /status page draws: the last cycle's mounts, their 24 h of use and forecast,
+    and the alerts, from a read-only connection of its own (safe from the HTTP thread)."""
+    conn = state.read_only(state_dir)
+    try:
+        used = used_history(conn, now)
+        alert_states = alerts.load_states(conn) if conn is not None else []
+    finally:
+        if conn is not None:
+            conn.close()
+    mounts = []
+    for s in snapshot.filesystems if snapshot else ():
+        mp, u = s.mount.mount_point, s.usage
+        mounts.append({"mountpoint": mp, "used_ratio": round(u.used_ratio, 4) if u else None,
+                       "avail_bytes": u.avail_bytes if u else None, "eta_seconds": fill_eta.get(mp),
+                       "used_ratio_24h": used.get(mp, [None] * HISTORY_STEPS)})
+    return {"host": cfg.general.host, "generated_ts": now, "history_step_seconds": HISTORY_SPAN / HISTORY_STEPS,
+            "thresholds": {m["mountpoint"]: _thresholds(cfg, m["mountpoint"]) for m in mounts},
+            "filesystems": mounts, "alerts": [alert_doc(a) for a in alert_states]}
+
+
+def _thresholds(cfg: configmod.Config, mount_point: str) -> dict[str, float]:
+    t = cfg.filesystems.thresholds_for(mount_point)
+    return {"warning": t.warning, "critical": t.critical}
+
+
 def build(cfg: configmod.Config, *, state_dir: str | None = None, clock: Clock | None = None,
           nvml: Any = None) -> dict[str, Any]:
     clock = clock or SystemClock()
@@ -125,6 +191,7 @@ def build(cfg: configmod.Config, *, state_dir: str | None = None, clock: Clock |
     snapshot = with_mirrors(samplers.sample(now), cfg, conn)
     history.record(now, series_of(snapshot))
     active = {s.key: s.severity for s in alert_states}
+    used = used_history(conn, now)
     inp = DetectorInput(cfg, history, snapshot, now, active)
     findings = evaluate(inp)
     findings = StallDiagnoser(cfg.general.proc_root, py_spy=cfg.gpu.py_spy, clock=clock.time).enrich(
@@ -134,18 +201,17 @@ def build(cfg: configmod.Config, *, state_dir: str | None = None, clock: Clock |
         "version": SCHEMA_VERSION,
         "host": cfg.general.host,
         "generated_at": format_iso_utc(now),
+        "generated_ts": now,
+        "history_step_seconds": HISTORY_SPAN / HISTORY_STEPS,
+        "thresholds": {fs.mount.mount_point: _thresholds(cfg, fs.mount.mount_point) for fs in snapshot.filesystems},
         "daemon_state": conn is not None,
         "daemon": daemon,
-        "filesystems": [filesystem_doc(s, inp, findings) for s in snapshot.filesystems],
+        "filesystems": [filesystem_doc(s, inp, findings, used) for s in snapshot.filesystems],
         "missing_paths": list(snapshot.missing_paths),
         "gpu_status": gpu_status_doc(snapshot),
         "gpus": [gpu_doc(g, findings) for g in snapshot.gpus],
         "findings": [finding_doc(f) for f in sorted(findings, key=lambda f: (-f.severity.rank, f.key))],
-        "alerts": [
-            {"key": s.key, "state": s.state, "severity": s.severity.value, "summary": s.finding.summary,
-             "pending_since": format_iso_utc(s.pending_since), "firing_since": format_iso_utc(s.firing_since)}
-            for s in sorted(alert_states, key=lambda s: s.key)
-        ],
+        "alerts": [alert_doc(s) for s in sorted(alert_states, key=lambda s: s.key)],
     }
     doc["cleanup"] = [
         {"policy": f.policy, "freed_bytes_24h": f.bytes_24h, "freed_files_24h": f.files_24h,
@@ -165,15 +231,6 @@ def daemon_doc(info: heartbeat.DaemonInfo, state_dir: str, now: float) -> dict[s
             "last_cycle_at": format_iso_utc(info.last_cycle),
             "last_cycle_age_seconds": round(now - info.last_cycle, 1) if info.last_cycle is not None else None,
             "status": info.status}
-
-
-def daemon_line(d: dict[str, Any]) -> str:
-    age = format_duration(d["last_cycle_age_seconds"]) if d["last_cycle_age_seconds"] is not None else None
-    if d["running"]:
-        return f"Daemon: running, PID {d['pid']}" + (f", last cycle {age} ago" if age else ", no cycle completed yet")
-    if d["last_cycle_at"] is not None:
-        return f"Daemon: not running (PID {d['pid']} stopped; its last cycle was {age} ago, at {d['last_cycle_at']})"
-    return "Daemon: not running (start it with `trainguard run`)"
 
 
 def outbox_doc(conn, cfg: configmod.Config, now: float) -> dict[str, Any]:
@@ -220,84 +277,12 @@ def mirrors_doc(snapshot: Snapshot, cfg: configmod.Config, now: float) -> list[d
     return out
 
 
-def _mirror_line(m: dict[str, Any]) -> str:
-    head = f"  {m['name']}: {m['source']} -> {m['dest']}: "
-    if not m["ran"]:
-        return head + "not run yet (the daemon or `trainguard mirror` copies it)"
-    if not m["pending_files"] and not m["reason"]:
-        return head + f"up to date (lag 0s, {format_bytes(m['bytes_total'])} copied in all)"
-    line = head + (f"lag {format_duration(m['lag_seconds'])}, {m['pending_files']} files "
-                   f"({format_bytes(m['pending_bytes'])}) waiting")
-    return line + (f": {m['reason']}" if m["reason"] else "")
-
-
 def summary_target_zero() -> dict[str, Any]:
     return {"pending": 0, "retrying": 0, "failed_24h": 0, "delivered_24h": 0, "next_try": None}
 
 
-def _table(rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+def render(doc: dict[str, Any], lang: str = "en") -> str:
+    """The table for people (surfaces/status_text.py), in the [notify] language."""
+    from trainguard.surfaces.status_text import render_text
 
-
-def render(doc: dict[str, Any]) -> str:
-    rows = [["MOUNT", "FSTYPE", "DEVICE", "SIZE", "USED", "INODES", "IO", "ETA FULL", "STATE"]]
-    for fs in doc["filesystems"]:
-        rows.append([
-            fs["mountpoint"], fs["fstype"], fs["device"], format_bytes(fs["size_bytes"]),
-            format_ratio(fs["used_ratio"]), format_ratio(fs["inodes_used_ratio"]), format_ratio(fs["io_util_ratio"]),
-            format_duration(fs["eta_seconds"]),
-            fs["state"] if fs["state"] != "unresponsive" else f"unresponsive {format_duration(fs['unresponsive_seconds'])}",
-        ])
-    out = [f"trainguard on {doc['host']} at {doc['generated_at']}"
-           + ("" if doc["daemon_state"] else " (no daemon history: trends need `trainguard run`)"), "", _table(rows)]
-    gst = doc.get("gpu_status")
-    if doc.get("gpus"):
-        grows = [["GPU", "NAME", "UTIL", "VRAM", "TEMP", "POWER", "PROCS", "STATE"]]
-        for g in doc["gpus"]:
-            vram = (f"{format_bytes(g['memory_used_bytes'])}/{format_bytes(g['memory_total_bytes'])}"
-                    if g["memory_total_bytes"] else "-")
-            grows.append([str(g["index"]), g["name"], format_ratio(g["util_ratio"]), vram,
-                          f"{g['temperature_c']:.0f}C" if g["temperature_c"] is not None else "-",
-                          f"{g['power_w']:.0f}W" if g["power_w"] is not None else "-",
-                          str(len(g["processes"])), g["state"]])
-        out += ["", _table(grows)]
-        for g in doc["gpus"]:
-            if g["verdict"]:
-                out.append(f"  GPU {g['index']} stall: {g['verdict']}")
-    if gst and gst["state"] not in ("ok",):
-        out += ["", f"GPU: {gst['message'] or gst['state']}"]
-    out.append("")
-    if doc["findings"]:
-        out.append("Findings:")
-        out.extend(f"  [{f['severity'].upper()}] {f['summary']}" for f in doc["findings"])
-    else:
-        out.append("Findings: none")
-    if doc.get("cleanup"):
-        out.append("Cleanup freed (last 24h / total):")
-        out.extend(f"  {c['policy']}: {format_bytes(c['freed_bytes_24h'])} / {format_bytes(c['freed_bytes_total'])}"
-                   f" ({c['freed_files_total']} files, last run {c['last_run']})" for c in doc["cleanup"])
-    firing = [a for a in doc["alerts"] if a["state"] == "firing"]
-    out.append(daemon_line(doc["daemon"]))
-    if firing and doc["daemon"]["running"]:
-        out.append(f"Alerts firing (daemon, PID {doc['daemon']['pid']}):")
-        out.extend(f"  [{a['severity'].upper()}] {a['summary']} since {a['firing_since']}" for a in firing)
-    elif firing:
-        out.append(f"Alerts that were firing when the daemon stopped (last cycle {doc['daemon']['last_cycle_at']}):")
-        out.extend(f"  [{a['severity'].upper()}] {a['summary']} since {a['firing_since']}" for a in firing)
-    if doc.get("mirrors"):
-        out.append("Mirrors:")
-        out.extend(_mirror_line(m) for m in doc["mirrors"])
-    box = doc.get("outbox")
-    if box and (box["targets"] or box["pending"] or box["dropped"]):
-        out += ["", f"Notifications: {box['pending']} pending, {len(box['retrying'])} target(s) retrying, "
-                    f"{box['failed_24h']} failed and {box['delivered_24h']} delivered in the last 24 h"
-                    + (f", {box['dropped']} dropped (outbox full)" if box["dropped"] else "")]
-        rows = [["TARGET", "PENDING", "RETRYING", "NEXT TRY", "FAILED 24H", "DELIVERED 24H"]]
-        for t in box["targets"]:
-            rows.append([t["name"] + ("" if t["configured"] else " (removed)"), str(t["pending"]),
-                         str(t["retrying"]), t["next_try_at"] or "-", str(t["failed_24h"]), str(t["delivered_24h"])])
-        out.append(_table(rows))
-        for r in box["retrying"]:
-            out.append(f"  {r['target']}: attempt {r['attempts']} failed: {r['last_error']}")
-    return "\n".join(out)
+    return render_text(doc, lang)

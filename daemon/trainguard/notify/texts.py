@@ -1,0 +1,216 @@
+"""What each kind of finding says to a person, in their language.
+
+Detectors write findings in English for logs and JSON. For people, each finding kind
+has a renderer here that builds its texts from the finding's `details` and `labels`
+(the facts, which do not depend on language) through the gettext catalog of the target's
+language: a short fact for the title, what happened, why it matters, and the next step.
+A kind without a renderer falls back to the detector's English summary and hint; a test
+fails for every kind the code creates that has none (docs/i18n.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from trainguard.i18n import N_, Gettext
+from trainguard.records import Finding
+from trainguard.units import format_bytes, format_duration, format_ratio
+
+
+@dataclass(frozen=True, slots=True)
+class Texts:
+    fact: str  # the one fact for the title: "/data 96% — full in 2h"
+    subject: str  # what it is about, for "resolved" titles: "/data disk space"
+    what: str  # what happened, with the numbers (one unit per quantity)
+    why: str = ""  # why it matters or what caused it
+    step: str = ""  # the next step
+    fallback: bool = False  # no renderer for this finding: the detector's English text, and its raw facts
+
+
+Renderer = Callable[[Finding, Gettext], Texts]
+RENDERERS: dict[str, Renderer] = {}
+
+
+def renders(*kinds: str) -> Callable[[Renderer], Renderer]:
+    def register(fn: Renderer) -> Renderer:
+        for kind in kinds:
+            RENDERERS[kind] = fn
+        return fn
+    return register
+
+
+def short_path(path: str, limit: int = 28) -> str:
+    """A long path keeps its start and its last part: "/root/…/checkpoints"."""
+    if len(path) <= limit:
+        return path
+    head, _, last = path.rpartition("/")
+    last = last[-(limit - 6):]
+    return f"{head[: max(limit - len(last) - 2, 1)]}…/{last}"
+
+
+def pct(ratio: float | None) -> str:
+    """Whole percent for titles: "96%"."""
+    return "-" if ratio is None else f"{ratio * 100:.0f}%"
+
+
+def plain(text: str) -> str:
+    """DingTalk does not render inline code: commands stay as plain text."""
+    return text.replace("`", "")
+
+
+def texts_for(f: Finding, _: Gettext) -> Texts:
+    renderer = RENDERERS.get(f.kind)
+    if renderer is not None:
+        try:
+            return renderer(f, _)
+        except (KeyError, TypeError, ValueError):
+            pass  # a finding without the facts its renderer needs still gets its English text
+    return Texts(fact=f.summary, subject=f.summary, what=f.summary, step=_(f.hint) if f.hint else "",
+                 fallback=True)
+
+
+def _mp(f: Finding) -> str:
+    return str(f.details.get("mountpoint") or f.labels.get("mountpoint") or "")
+
+
+# --- filesystems ----------------------------------------------------------------
+
+STEP_FREE = N_("Free space now: remove old checkpoints and caches (trainguard cleanup --dry-run shows "
+               "candidates), or move output to a larger volume.")
+
+
+@renders("fs.usage")
+def _fs_usage(f: Finding, _: Gettext) -> Texts:
+    d, mp = f.details, _mp(f)
+    return Texts(
+        fact=_("{mp} {used} full").format(mp=short_path(mp), used=pct(d["used_ratio"])),
+        subject=_("{mp} disk space").format(mp=short_path(mp)),
+        what=_("{mp} is {used} full: {avail} free of {size}.").format(
+            mp=mp, used=format_ratio(d["used_ratio"]), avail=format_bytes(d["avail_bytes"]),
+            size=format_bytes(d["size_bytes"])),
+        why=_("When it is full, writes fail: checkpoints and logs are lost and training may crash."),
+        step=_(STEP_FREE))
+
+
+@renders("fs.inodes")
+def _fs_inodes(f: Finding, _: Gettext) -> Texts:
+    d, mp = f.details, _mp(f)
+    ratio = f.value if f.value is not None else d["inodes_used"] / max(d["inodes_total"], 1)
+    return Texts(
+        fact=_("{mp} inodes {used} used").format(mp=short_path(mp), used=pct(ratio)),
+        subject=_("{mp} inodes").format(mp=short_path(mp)),
+        what=_("{mp} has used {used} of its inodes: {free} of {total} left.").format(
+            mp=mp, used=format_ratio(ratio), free=d["inodes_free"], total=d["inodes_total"]),
+        why=_("With no inodes left no new file can be created, even with space free."),
+        step=_("Too many small files: remove caches, temporary files or extracted datasets."))
+
+
+@renders("fs.forecast")
+def _fs_forecast(f: Finding, _: Gettext) -> Texts:
+    d, mp = f.details, _mp(f)
+    eta = float(d["eta_seconds"])
+    what = _("{mp} is {used} full with {avail} free and fills at {rate}/h: full in about {eta}.").format(
+        mp=mp, used=format_ratio(d["used_ratio"]), avail=format_bytes(d["avail_bytes"]),
+        rate=format_bytes(float(d["fill_bytes_per_second"]) * 3600), eta=format_duration(eta))
+    return Texts(
+        fact=_("{mp} {used} — full in {eta}").format(mp=short_path(mp), used=pct(d["used_ratio"]),
+                                                     eta=format_duration(eta)),
+        subject=_("{mp} disk space").format(mp=short_path(mp)),
+        what=what,
+        why=_("The trend of the last {span} says it runs out; then writes fail and training may crash.").format(
+            span=format_duration(d.get("fitted_span_seconds"))),
+        step=_(STEP_FREE))
+
+
+@renders("fs.unresponsive")
+def _fs_unresponsive(f: Finding, _: Gettext) -> Texts:
+    d, mp = f.details, _mp(f)
+    stuck = format_duration(d["stuck_seconds"])
+    return Texts(
+        fact=_("{mp} hung for {stuck}").format(mp=short_path(mp), stuck=stuck),
+        subject=_("{mp} responsiveness").format(mp=short_path(mp)),
+        what=_("{mp} ({fstype}, {source}) has not answered statfs for {stuck}.").format(
+            mp=mp, fstype=d["fstype"], source=d["source"], stuck=stuck),
+        why=_("I/O to this mount hangs: processes writing to it (checkpoints, logs) stall too."),
+        step=_("Check the network or FUSE daemon behind it; keep training logs and checkpoints on local disk "
+               "and sync them in the background."))
+
+
+@renders("fs.error")
+def _fs_error(f: Finding, _: Gettext) -> Texts:
+    mp = _mp(f)
+    return Texts(
+        fact=_("{mp} unreadable").format(mp=short_path(mp)),
+        subject=_("{mp} usage").format(mp=short_path(mp)),
+        what=_("Cannot read the usage of {mp}: {error}.").format(mp=mp, error=f.details["error"]),
+        why=_("Its disk space is not watched while this lasts."),
+        step=_("Check the mount (permissions, a stale network handle) with: df {mp}").format(mp=mp))
+
+
+@renders("fs.path_missing")
+def _fs_path_missing(f: Finding, _: Gettext) -> Texts:
+    path = str(f.details["path"])
+    return Texts(
+        fact=_("{path} missing").format(path=short_path(path)),
+        subject=_("watched path {path}").format(path=short_path(path)),
+        what=_("The watched path {path} does not exist.").format(path=path),
+        why=_("The filesystem it should be on is not watched."),
+        step=_("Create it, or fix filesystems.paths in the config."))
+
+
+@renders("disk.saturated")
+def _disk_saturated(f: Finding, _: Gettext) -> Texts:
+    d = f.details
+    mounts = ", ".join(d.get("mountpoints") or ())
+    return Texts(
+        fact=_("disk {device} I/O {busy} busy").format(device=d["device"], busy=pct(d["util_ratio"])),
+        subject=_("disk {device} I/O").format(device=d["device"]),
+        what=_("Disk {device} ({mounts}) is {busy} busy, writing {write}/s.").format(
+            device=d["device"], mounts=mounts, busy=format_ratio(d["util_ratio"]),
+            write=format_bytes(d["write_bytes_per_s"])),
+        why=_("The disk is the bottleneck: data loading and checkpoints wait for it."),
+        step=_("Check which process writes (iotop, trainguard diagnose); move data loading or checkpoints "
+               "to a faster volume."))
+
+
+# --- cleanup and the test alert -------------------------------------------------------
+
+@renders("cleanup.guard")
+def _cleanup_guard(f: Finding, _: Gettext) -> Texts:
+    policy = f.labels["policy"]
+    reason = f.summary.split(": ", 1)[1] if ": " in f.summary else ""
+    return Texts(
+        fact=_("cleanup {policy} stopped").format(policy=policy),
+        subject=_("cleanup {policy}").format(policy=policy),
+        what=_("Cleanup {policy} stopped before deleting anything.").format(policy=policy),
+        why=reason,
+        step=_("Check it with: trainguard cleanup --dry-run --policy {policy}; if the list is right, "
+               "raise max_delete for this policy.").format(policy=policy))
+
+
+@renders("cleanup.report")
+def _cleanup_report(f: Finding, _: Gettext) -> Texts:
+    roots = f.details.get("roots") or []
+    freed = sum(int(r.get("bytes") or 0) for r in roots)
+    files = sum(int(r.get("files") or 0) for r in roots)
+    mounts = ", ".join(sorted({str(r.get("mount")) for r in roots if r.get("mount")}))
+    return Texts(
+        fact=_("cleanup freed {freed}").format(freed=format_bytes(freed)),
+        subject=_("cleanup {policy}").format(policy=f.labels["policy"]),
+        what=_("Cleanup {policy} deleted {files} files and freed {freed} on {mounts}.").format(
+            policy=f.labels["policy"], files=files, freed=format_bytes(freed), mounts=mounts or "-"),
+        why=_("Trigger: {trigger}.").format(trigger=f.details.get("trigger") or "-"))
+
+
+@renders("trainguard.test")
+def _test_alert(f: Finding, _: Gettext) -> Texts:
+    host = f.details.get("host", "")
+    return Texts(
+        fact=_("test alert"),
+        subject=_("test alert"),
+        what=_("A test alert from trainguard on {host}: if you can read this, delivery works.").format(host=host),
+        step=_("Nothing to do; real alerts look like this one."))
+
+
+from trainguard.notify import texts_gpu  # noqa: E402,F401  (registers the GPU and log renderers)

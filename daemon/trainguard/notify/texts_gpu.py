@@ -1,0 +1,112 @@
+"""Texts for GPU and training-log findings (see notify/texts.py)."""
+
+from __future__ import annotations
+
+from trainguard.i18n import N_, Gettext, tr
+from trainguard.notify.texts import Texts, plain, renders, short_path
+from trainguard.records import Finding
+from trainguard.units import format_bytes, format_duration, format_ratio
+
+# (The detector and diagnosis modules are imported where used: composing a message stays light.)
+# The log patterns whose next steps are translated (the detector's hint for each, in English).
+LOG_HINT_PATTERNS = ("No space left on device", "tfevents", "CUDA out of memory", "NCCL", "")
+XID_UNKNOWN = (N_("see NVIDIA's XID catalogue"), N_("check dmesg for NVRM lines"))
+
+
+def _gpu(f: Finding) -> str:
+    return str(f.details.get("gpu", f.labels.get("gpu", "?")))
+
+
+@renders("gpu.stall")
+def _gpu_stall(f: Finding, _: Gettext) -> Texts:
+    d, gpu = f.details, _gpu(f)
+    stalled = format_duration(d["stalled_for_s"])
+    name = f" ({d['name']})" if d.get("name") else ""
+    hint = plain(f.hint)
+    generic = _("Run trainguard diagnose {gpu} to see what its processes are blocked on.").format(gpu=gpu)
+    step = _(hint) if hint and "diagnose" not in hint else generic
+    if step == hint and _ is not tr("en"):
+        step = f"{generic} {hint}"  # a remedy with no translation: the generic step, then its detail
+    return Texts(
+        fact=_("GPU {gpu} stalled for {stalled}").format(gpu=gpu, stalled=stalled),
+        subject=_("GPU {gpu} stall").format(gpu=gpu),
+        what=_("GPU {gpu}{name} holds {used} of {total} VRAM but has been {util} busy for {stalled}.").format(
+            gpu=gpu, name=name, used=format_bytes(d["memory_used_bytes"]), total=format_bytes(d["memory_total_bytes"]),
+            util=format_ratio(d["util_mean_ratio"]), stalled=stalled),
+        why=(_("Diagnosis: {verdict}.").format(verdict=plain(str(d["verdict"]))) if d.get("verdict") else
+             _("The training job holds the GPU but does no work: it is probably stuck on I/O or a dead peer.")),
+        step=step)
+
+
+@renders("gpu.orphan")
+def _gpu_orphan(f: Finding, _: Gettext) -> Texts:
+    d, gpu = f.details, _gpu(f)
+    held = format_bytes(d["used_memory_bytes"]) if d.get("used_memory_bytes") is not None else _("memory")
+    zombie = d.get("state") == "Z"
+    return Texts(
+        fact=_("GPU {gpu} {held} held by dead PID {pid}").format(gpu=gpu, held=held, pid=d["host_pid"]),
+        subject=_("GPU {gpu} memory of PID {pid}").format(gpu=gpu, pid=d["host_pid"]),
+        what=(_("GPU {gpu}: {held} held by PID {pid}, a zombie (exited, its parent has not reaped it).") if zombie
+              else _("GPU {gpu}: {held} held by PID {pid}, which no longer exists.")).format(
+            gpu=gpu, held=held, pid=d["host_pid"]),
+        why=_("That memory is not available to new jobs."),
+        step=(_("Restart or signal the zombie's parent process so it reaps it; the memory is freed then.") if zombie
+              else _("The driver has not released the memory of an exited process; if it stays, drain the GPU "
+                     "and reset it (nvidia-smi -r).")))
+
+
+@renders("gpu.xid")
+def _gpu_xid(f: Finding, _: Gettext) -> Texts:
+    from trainguard.detectors.gpu import XID_MEANINGS  # with the detector's table, not a copy of it
+
+    gpu = _gpu(f)
+    worst = int(f.value) if f.value is not None else int(f.details["xids"][-1])
+    meaning, step = XID_MEANINGS.get(worst, XID_UNKNOWN)
+    return Texts(
+        fact=_("GPU {gpu} XID {xid}").format(gpu=gpu, xid=worst),
+        subject=_("GPU {gpu} XID errors").format(gpu=gpu),
+        what=_("GPU {gpu} reported XID {xid}: {meaning}.").format(gpu=gpu, xid=worst, meaning=_(meaning)),
+        why=_("XIDs seen: {xids}.").format(xids=", ".join(str(x) for x in f.details.get("xids", [worst]))),
+        step=plain(_(step)))
+
+
+@renders("gpu.throttle")
+def _gpu_throttle(f: Finding, _: Gettext) -> Texts:
+    d, gpu = f.details, _gpu(f)
+    facts = []
+    if d.get("temperature_c") is not None:
+        facts.append(f"{d['temperature_c']:.0f} °C")
+    if d.get("power_w") is not None and d.get("power_limit_w"):
+        facts.append(f"{d['power_w']:.0f}/{d['power_limit_w']:.0f} W")
+    return Texts(
+        fact=_("GPU {gpu} throttled ({reasons})").format(gpu=gpu, reasons=", ".join(d["reasons"])),
+        subject=_("GPU {gpu} throttling").format(gpu=gpu),
+        what=_("GPU {gpu} was slowed down ({reasons}) {share} of the time.").format(
+            gpu=gpu, reasons=", ".join(d["reasons"]), share=format_ratio(d["share"]))
+        + (f" {', '.join(facts)}." if facts else ""),
+        why=_("Training runs slower meanwhile."),
+        step=_("Check cooling and airflow (thermal) or the power supply and cap (power)."))
+
+
+@renders("log.match")
+def _log_match(f: Finding, _: Gettext) -> Texts:
+    d = f.details
+    path = str(d["file"])
+    line = f.summary.split(": ", 1)[1] if ": " in f.summary else f.summary
+    return Texts(
+        fact=_("{file}: error in log").format(file=short_path(path.rsplit("/", 1)[-1], 30)),
+        subject=_("log {file}").format(file=short_path(path)),
+        what=_("{count} matching lines in {file}; the last: {line}").format(count=d["count"], file=path,
+                                                                           line=line),
+        step=_(f.hint) if f.hint else "")
+
+
+def translated_sources() -> list[str]:
+    """English texts defined outside this package that are rendered through the catalog."""
+    from trainguard.detectors.gpu import XID_MEANINGS, _log_hint
+    from trainguard.diagnosis.stall import _remedy_for
+
+    out = [m for pair in XID_MEANINGS.values() for m in pair]
+    out += [_log_hint(p) for p in LOG_HINT_PATTERNS]
+    out += [_remedy_for(category, "nfs", "/share", False) for category in ("tfevents", "checkpoint")]
+    return out

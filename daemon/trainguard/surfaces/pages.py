@@ -1,0 +1,51 @@
+"""Pages served next to /metrics on the metrics port (the daemon's /status page).
+
+The Prometheus WSGI app keeps every other path; a page is a function returning its HTML,
+called per request on the HTTP thread (it must only read immutable or its own data)."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from typing import Any, Callable, Iterable, Mapping
+from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+from prometheus_client.exposition import ThreadingWSGIServer
+
+log = logging.getLogger(__name__)
+Page = Callable[[], str]
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # scrapes are not news
+        pass
+
+
+def with_pages(app: Callable, pages: Mapping[str, Page]) -> Callable:
+    def wsgi(environ: dict, start_response: Callable) -> Iterable[bytes]:
+        page = pages.get(environ.get("PATH_INFO", ""))
+        if page is None:
+            return app(environ, start_response)
+        try:
+            body, status = page().encode(), "200 OK"
+        except Exception:  # a page bug is a 500 for that request, not a dead metrics endpoint
+            log.exception("page %s failed", environ.get("PATH_INFO"))
+            body, status = b"internal error (see the trainguard log)\n", "500 Internal Server Error"
+        start_response(status, [("Content-Type", "text/html; charset=utf-8"), ("Content-Length", str(len(body))),
+                                ("Cache-Control", "no-store")])
+        return [body]
+    return wsgi
+
+
+def serve(host: str, port: int, app: Callable) -> tuple[Any, threading.Thread]:
+    """A threaded WSGI server on (host, port) in a daemon thread, IPv6 addresses included."""
+    family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+
+    class Server(ThreadingWSGIServer):
+        address_family = family
+
+    httpd = make_server(sockaddr[0], port, app, Server, handler_class=_Quiet)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    return httpd, thread

@@ -1,0 +1,127 @@
+"""Phone-first messages: a short title with host and fact, the body in reading order, markdown DingTalk
+renders, times with their offset; for every finding kind, in English and in Chinese."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from trainguard.notify.messages import TITLE_MAX, compose
+from trainguard.notify.texts import RENDERERS, texts_for
+from trainguard.i18n import tr
+from trainguard.records import AlertEvent, AlertStatus, Finding, Severity
+
+from tests.test_i18n import finding_kinds_in_code
+
+T0 = 1_800_000_000.0
+GiB = 2**30
+LONG_MP = "/root/autodl-tmp/experiments/llama-70b-sft/checkpoints"
+VERDICT = ("PID 4242 thread pt_main_thread (python3) blocked writing /mnt/juicefs/team/runs/llama-70b/"
+           "events.out.tfevents.1764740000.gpu3.4242.0 on fuse.juicefs, mount unresponsive 12m")
+TFEVENTS_REMEDY = ("TensorBoard's event writer is stuck on the shared filesystem: log to local disk "
+                   "(e.g. SummaryWriter('/tmp/runs')) and sync to the share in the background (rsync); "
+                   "if it must stay there, raise flush_secs and lower max_queue")
+
+# One finding per kind, with the details its detector sets (long names where a name can be long).
+SAMPLES = {
+    "fs.usage": Finding(f"fs.usage:{LONG_MP}", Severity.CRITICAL, "s", details={
+        "mountpoint": LONG_MP, "fstype": "ext4", "used_bytes": 950 * GiB, "avail_bytes": 50 * GiB,
+        "size_bytes": 1000 * GiB, "used_ratio": 0.95}, labels={"mountpoint": LONG_MP}),
+    "fs.inodes": Finding("fs.inodes:/data", Severity.WARNING, "s", details={
+        "mountpoint": "/data", "inodes_used": 9_500_000, "inodes_free": 500_000, "inodes_total": 10_000_000},
+        value=0.95),
+    "fs.forecast": Finding("fs.forecast:/data", Severity.CRITICAL, "s", details={
+        "mountpoint": "/data", "eta_seconds": 7200, "fill_bytes_per_second": 12 * GiB / 3600,
+        "avail_bytes": 24 * GiB, "used_ratio": 0.961, "fitted_span_seconds": 6 * 3600}),
+    "fs.unresponsive": Finding("fs.unresponsive:/mnt/juicefs", Severity.CRITICAL, "s", details={
+        "mountpoint": "/mnt/juicefs", "fstype": "fuse.juicefs", "source": "JuiceFS:team", "kind": "fuse",
+        "stuck_seconds": 754.0}),
+    "fs.error": Finding("fs.error:/mnt/nfs", Severity.WARNING, "/mnt/nfs: cannot read usage: ESTALE",
+                        details={"mountpoint": "/mnt/nfs", "error": "ESTALE"}),
+    "fs.path_missing": Finding("fs.path_missing:/data/out", Severity.WARNING, "s", details={"path": "/data/out"}),
+    "disk.saturated": Finding("disk.saturated:nvme0n1", Severity.WARNING, "s", details={
+        "device": "nvme0n1", "mountpoints": ["/data", "/scratch"], "util_ratio": 0.97,
+        "read_bytes_per_s": 10e6, "write_bytes_per_s": 900e6, "await_ms": 41.0}),
+    "gpu.stall": Finding("gpu.stall:3", Severity.CRITICAL, "s", details={
+        "gpu": 3, "uuid": "GPU-x", "name": "NVIDIA H100 80GB HBM3", "memory_used_bytes": 78 * GiB,
+        "memory_total_bytes": 80 * GiB, "util_mean_ratio": 0.0, "util_recent": [0.0] * 30,
+        "stalled_since": T0 - 1900, "stalled_for_s": 1900.0, "processes": [], "verdict": VERDICT,
+        "diagnosis": {"verdict": VERDICT}}, labels={"gpu": "3"}, hint=TFEVENTS_REMEDY),
+    "gpu.orphan": Finding("gpu.orphan:1:4242", Severity.WARNING, "s", details={
+        "gpu": 1, "host_pid": 4242, "pid": None, "state": None, "used_memory_bytes": 30 * GiB}),
+    "gpu.xid": Finding("gpu.xid:0", Severity.CRITICAL, "s", details={"gpu": 0, "uuid": "u", "xids": [13, 48],
+                                                                    "last_ts": T0}, value=48.0),
+    "gpu.throttle": Finding("gpu.throttle:2", Severity.WARNING, "s", details={
+        "gpu": 2, "reasons": ["hw_thermal", "sw_thermal"], "share": 0.96, "temperature_c": 91.0,
+        "power_w": 350.0, "power_limit_w": 700.0}),
+    "log.match": Finding("log.match:/data/runs/llama-70b-sft/train.log", Severity.CRITICAL,
+                         "/data/runs/llama-70b-sft/train.log: OSError: [Errno 28] No space left on device",
+                         details={"file": "/data/runs/llama-70b-sft/train.log", "count": 3, "lines": []},
+                         hint="a write failed because a filesystem is full: free space "
+                              "(trainguard cleanup --dry-run) and resume"),
+    "cleanup.guard": Finding("cleanup.guard:checkpoints", Severity.WARNING,
+                             "cleanup checkpoints stopped, nothing deleted: would delete 412 files, max_delete is 200",
+                             details={"roots": [], "trigger": "usage", "skipped": {}}, labels={"policy": "checkpoints"}),
+    "cleanup.report": Finding("cleanup.report:checkpoints", Severity.INFO, "s", details={
+        "roots": [{"root": "/data/ckpt", "mount": "/data", "files": 12, "bytes": 96 * GiB}],
+        "trigger": "usage", "skipped": {}}, labels={"policy": "checkpoints", "mountpoint": "/data"}),
+    "trainguard.test": Finding("trainguard.test", Severity.WARNING, "s", details={"host": "gpu3"}),
+}
+HOST = "gpu-node-03"
+OFFSET_TIME = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d [+-]\d\d:\d\d")
+
+
+def test_there_is_a_sample_of_every_kind():
+    assert set(SAMPLES) == set(finding_kinds_in_code()) | set(RENDERERS) - {"x"}
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+@pytest.mark.parametrize("kind", sorted(SAMPLES))
+def test_every_kind_makes_a_short_title_and_a_body_in_reading_order(kind, lang):
+    f = SAMPLES[kind]
+    t = texts_for(f, tr(lang))
+    assert not t.fallback, f"{kind}: renderer failed on the detector's details"
+    m = compose(HOST, [AlertEvent(AlertStatus.FIRING, f, started_at=T0, ts=T0 + 60)], lang)
+    assert len(m.title) <= TITLE_MAX and m.title.startswith(f"{HOST} "), m.title
+    assert "\n" not in m.title
+    body = m.markdown
+    assert m.title not in body and body.splitlines()[0] != t.fact  # the headline is not repeated
+    assert body.startswith(t.what.replace("`", ""))  # what happened comes first ...
+    positions = [body.index(x) for x in (t.what, t.why, t.step) if x]
+    assert positions == sorted(positions)  # ... then why, then the next step
+    assert OFFSET_TIME.search(body) and " CST" not in body
+    if lang == "zh":
+        assert re.search(r"[\u4e00-\u9fff]", m.title) or kind in ("gpu.xid",)
+        if t.step:
+            assert "**下一步：**" in body
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_markdown_stays_in_what_dingtalk_renders(lang):
+    events = [AlertEvent(AlertStatus.FIRING, f, started_at=T0, ts=T0) for f in SAMPLES.values()]
+    events.append(AlertEvent(AlertStatus.RESOLVED, SAMPLES["fs.usage"], started_at=T0 - 3600, ts=T0))
+    m = compose(HOST, events, lang)
+    assert len(m.title) <= TITLE_MAX
+    for line in m.markdown.splitlines():
+        assert "`" not in line, line  # no inline code: DingTalk shows the backticks
+        assert not line.lstrip().startswith("|"), line  # no tables
+        assert not re.search(r"<[a-z/][^>]*>", line), line  # no HTML
+        assert not line.startswith("#") or line.startswith("#### "), line  # headings the sender does not use
+        assert not line.startswith(("```", "    ")), line  # no code blocks
+
+
+def test_the_stall_title_is_short_now():
+    m = compose("gpu-07", [AlertEvent(AlertStatus.FIRING, SAMPLES["gpu.stall"], started_at=T0, ts=T0)])
+    assert m.title == "gpu-07 GPU 3 stalled for 31m"
+    assert "Diagnosis: PID 4242" in m.text
+    zh = compose("gpu-07", [AlertEvent(AlertStatus.FIRING, SAMPLES["gpu.stall"], started_at=T0, ts=T0)], "zh")
+    assert zh.title == "gpu-07 GPU 3 已空转 31m"
+    assert "下一步：TensorBoard 的 event writer 卡在共享文件系统上" in zh.text
+
+
+def test_resolved_in_chinese_says_what_recovered_and_how_long_it_lasted():
+    m = compose("gpu3", [AlertEvent(AlertStatus.RESOLVED, SAMPLES["fs.forecast"], started_at=T0, ts=T0 + 7500)], "zh")
+    assert m.title == "gpu3 /data 磁盘空间已恢复，持续了 2h05m"
+    assert m.text.startswith("已恢复正常。最后一次看到：/data 已用 96.1%")
+    assert "下一步" not in m.text and "原因" not in m.text
+    assert "已恢复 · " in m.text and OFFSET_TIME.search(m.text)
