@@ -148,3 +148,13 @@ def test_findings_are_exported_by_kind_and_object_without_pids_or_paths():
     for s in samples:
         assert not {"pid", "file", "path"} & set(s.labels)
     assert "trainguard_findings" not in scrape(Readings(Snapshot(ts=1.0), ts=1.0, cycle_duration_s=0.0))
+
+
+def test_every_family_says_what_it_measures():
+    registry = CollectorRegistry(auto_describe=False)
+    readings = readings_of(sample({"gpus": [AMPERE, VOLTA]}), [Finding("gpu.xid:0", Severity.CRITICAL, "x")])
+    registry.register(ReadingsCollector(lambda: readings))
+    families = list(text_string_to_metric_families(generate_latest(registry).decode()))
+    assert len(families) > 20
+    for family in families:
+        assert len(family.documentation.split()) >= 2, family.name
