@@ -12,24 +12,7 @@ import sys
 import pytest
 
 from tests.support.daemon_proc import DaemonProcess, child_env, wait_until
-
-
-def config(state_dir, watched, *, extra: str = "") -> str:
-    # Thresholds at 0 %: the mount holding `watched` is critical on the first cycle, so an alert fires.
-    return f"""
-[general]
-state_dir = "{state_dir}"
-interval = "0.3s"
-[gpu]
-enabled = false
-[filesystems]
-paths = ["{watched}"]
-exclude = ["*"]
-warning = "0%"
-critical = "0%"
-[alerts]
-keep_firing_for = "1h"
-{extra}"""
+from tests.test_service import config  # thresholds at 0 %: an alert fires on the first cycle
 
 
 def tg(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
