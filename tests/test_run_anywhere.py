@@ -4,6 +4,7 @@ and `status` / `health` that tell a running daemon from one that stopped or a on
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sqlite3
 import subprocess
@@ -128,3 +129,21 @@ def test_an_unwritable_log_file_is_one_line_and_exit_2(tmp_path, setup):
     done = tg("run", "-c", str(cfg), "--log-file", str(blocked / "t.log"), timeout=30)
     assert done.returncode == 2
     assert len(done.stderr.splitlines()) == 1 and f"--log-file {blocked / 't.log'}" in done.stderr
+
+
+def test_the_lock_names_its_holder_and_goes_with_it(tmp_path):
+    from trainguard.store.lock import LockHeld, StateLock, holder
+
+    assert holder(str(tmp_path)).running is False and holder(str(tmp_path)).pid is None
+    first = StateLock(str(tmp_path))
+    first.acquire()
+    assert holder(str(tmp_path)).running is True and holder(str(tmp_path)).pid == os.getpid()
+    with pytest.raises(LockHeld) as held:
+        StateLock(str(tmp_path)).acquire(wait=0.1)
+    assert held.value.pid == os.getpid()
+    first.release()
+    after = holder(str(tmp_path))
+    assert after.running is False and after.pid == os.getpid()  # the file still names the last daemon
+    second = StateLock(str(tmp_path))
+    second.acquire()
+    second.release()

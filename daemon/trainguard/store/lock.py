@@ -78,7 +78,7 @@ class StateLock:
 
 @dataclass(frozen=True, slots=True)
 class Holder:
-    running: bool       # a process holds the lock now
+    running: bool | None  # a process holds the lock now; None: we may not look (a non-root reader)
     pid: int | None     # the PID written in the lock file (the holder's, or the last one's)
 
 
@@ -86,6 +86,8 @@ def holder(state_dir: str) -> Holder:
     """Whether a daemon holds this state directory, without disturbing it (read-only callers)."""
     try:
         fd = os.open(lock_path(state_dir), os.O_RDONLY | os.O_CLOEXEC)
+    except PermissionError:
+        return Holder(None, None)
     except OSError:
         return Holder(False, None)
     try:

@@ -167,6 +167,8 @@ def daemon_doc(info: heartbeat.DaemonInfo, state_dir: str, now: float) -> dict[s
 
 def daemon_line(d: dict[str, Any]) -> str:
     age = format_duration(d["last_cycle_age_seconds"]) if d["last_cycle_age_seconds"] is not None else None
+    if d["running"] is None:
+        return f"Daemon: unknown (this user may not read {d['state_dir']}; run `trainguard status` as its owner)"
     if d["running"]:
         return f"Daemon: running, PID {d['pid']}" + (f", last cycle {age} ago" if age else ", no cycle completed yet")
     if d["last_cycle_at"] is not None:
