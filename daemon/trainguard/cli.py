@@ -39,6 +39,8 @@ def _load(args: argparse.Namespace) -> configmod.Loaded | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    import sqlite3
+
     from trainguard.service.daemon import Daemon
     from trainguard.service.logging_setup import setup_logging
     from trainguard.store.lock import LockHeld, StateLock
@@ -63,7 +65,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             log.error("%s", exc)
         return EXIT_CONFIG
     try:
-        return _run_locked(args, loaded, Daemon(loaded, state_dir=state_dir, one_shot=args.once))
+        try:
+            daemon = Daemon(loaded, state_dir=state_dir, one_shot=args.once)
+        except sqlite3.OperationalError as exc:  # a new database on a full or read-only disk
+            print(f"trainguard: cannot open the state database in {state_dir}: {exc}; free space there or give "
+                  "--state-dir on another disk", file=sys.stderr)
+            return EXIT_CRITICAL
+        return _run_locked(args, loaded, daemon)
     finally:
         lock.release()
 

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import logging
 import os
 import time
 from dataclasses import dataclass
 
 LOCK_NAME = "trainguard.pid"
+
+log = logging.getLogger(__name__)
 
 
 class LockHeld(Exception):
@@ -64,9 +67,15 @@ class StateLock:
                         raise LockHeld(self.path, pid) from None
                     raise
                 time.sleep(0.05)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self.fd = fd
+        data = f"{os.getpid()}\n".encode()
+        try:
+            # Over the old PID, then cut: no new block is needed, so a restart on a full disk still works.
+            os.pwrite(fd, data, 0)
+            os.ftruncate(fd, len(data))
+        except OSError as exc:  # the lock holds all the same; only readers lose the PID
+            log.warning("holding the lock %s but cannot write our PID into it: %s", self.path,
+                        exc.strerror or exc)
 
     def release(self) -> None:
         if self.fd is None:
