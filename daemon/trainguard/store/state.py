@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from trainguard.store.writes import is_write_error
+from trainguard.store.writes import is_disk_error
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ class StateDb:
                 return
             reason = f"integrity check failed: {row[0] if row else 'no answer'}"
         except sqlite3.DatabaseError as exc:
-            if is_write_error(exc):
+            if is_disk_error(exc):
                 return  # a full or read-only disk says nothing about the file: never move a good one aside
             reason = str(exc)
         aside = f"{self.path}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}"
