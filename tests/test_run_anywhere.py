@@ -57,7 +57,7 @@ def test_a_second_daemon_on_the_same_state_dir_exits_2_naming_the_pid_and_reader
     table = tg("status", "-c", cfg).stdout
     assert f"Daemon: not running (PID {daemon.proc.pid} stopped; its last cycle was" in table
     assert "Alerts firing (daemon" not in table
-    assert "Alerts that were firing when the daemon stopped (last cycle " in table
+    assert "Alerts that were firing when the daemon stopped (its last cycle: 20" in table
     health = tg("health", "-c", cfg)
     assert health.returncode == 1 and f"PID {daemon.proc.pid} stopped" in health.stderr
     # The lock went with the process: a new daemon starts on the same directory.
@@ -77,6 +77,10 @@ def test_run_once_does_not_pass_for_a_daemon(tmp_path, setup):
     assert "has not completed a cycle" in health.stderr
     doc = json.loads(tg("status", "--json", "-c", str(cfg)).stdout)
     assert doc["daemon"]["running"] is False and doc["daemon"]["last_cycle_at"] is None
+    table = tg("status", "-c", str(cfg)).stdout
+    assert "Daemon: not running (start it with `trainguard run`)" in table
+    assert "Alerts recorded by a one-shot run (`run --once`; no daemon has run here):" in table
+    assert "Alerts firing (daemon" not in table
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])

@@ -247,7 +247,9 @@ def render(doc: dict[str, Any]) -> str:
         out.append(f"Alerts firing (daemon, PID {doc['daemon']['pid']}):")
         out.extend(f"  [{a['severity'].upper()}] {a['summary']} since {a['firing_since']}" for a in firing)
     elif firing:
-        out.append(f"Alerts that were firing when the daemon stopped (last cycle {doc['daemon']['last_cycle_at']}):")
+        last = doc["daemon"]["last_cycle_at"]
+        out.append(f"Alerts that were firing when the daemon stopped (its last cycle: {last}):" if last
+                   else "Alerts recorded by a one-shot run (`run --once`; no daemon has run here):")
         out.extend(f"  [{a['severity'].upper()}] {a['summary']} since {a['firing_since']}" for a in firing)
     box = doc.get("outbox")
     if box and (box["targets"] or box["pending"] or box["dropped"]):
