@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 from typing import Callable, Sequence
 
@@ -64,6 +65,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         if getattr(args, "log_file", None):
             log.error("%s", exc)
         return EXIT_CONFIG
+    early: list[int] = []  # SIGTERM/SIGINT while starting (NVML can take seconds): stop after the start, exit 0
+    if not args.once:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda n, _f: early.append(n))
     try:
         try:
             daemon = Daemon(loaded, state_dir=state_dir, one_shot=args.once)
@@ -71,12 +76,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"trainguard: cannot open the state database in {state_dir}: {exc}; free space there or give "
                   "--state-dir on another disk", file=sys.stderr)
             return EXIT_CRITICAL
-        return _run_locked(args, loaded, daemon)
+        return _run_locked(args, loaded, daemon, early)
     finally:
         lock.release()
 
 
-def _run_locked(args: argparse.Namespace, loaded: configmod.Loaded, daemon) -> int:
+def _run_locked(args: argparse.Namespace, loaded: configmod.Loaded, daemon, early: list[int]) -> int:
     if args.once:
         # One cycle must see a hung mount: wait for slow probes up to the timeout, as `status` does.
         daemon.samplers.fs.wait = loaded.config.filesystems.probe_timeout
@@ -88,6 +93,9 @@ def _run_locked(args: argparse.Namespace, loaded: configmod.Loaded, daemon) -> i
             print(f"no findings on {len(result.snapshot.filesystems)} filesystems")
         return EXIT_CRITICAL if any(f.severity.value == "critical" for f in result.findings) else EXIT_OK
     daemon.install_signal_handlers()
+    if early:
+        log.info("received %s while starting, stopping", signal.Signals(early[0]).name)
+        daemon.stop_event.set()
     log.info("trainguard %s started: config %s, state %s, interval %gs, pid %d",
              __version__, loaded.source, daemon.state_dir, loaded.config.general.interval, os.getpid())
     daemon.run()
