@@ -4,6 +4,7 @@ and `status` / `health` that tell a running daemon from one that stopped or a on
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sqlite3
 import subprocess
@@ -12,24 +13,7 @@ import sys
 import pytest
 
 from tests.support.daemon_proc import DaemonProcess, child_env, wait_until
-
-
-def config(state_dir, watched, *, extra: str = "") -> str:
-    # Thresholds at 0 %: the mount holding `watched` is critical on the first cycle, so an alert fires.
-    return f"""
-[general]
-state_dir = "{state_dir}"
-interval = "0.3s"
-[gpu]
-enabled = false
-[filesystems]
-paths = ["{watched}"]
-exclude = ["*"]
-warning = "0%"
-critical = "0%"
-[alerts]
-keep_firing_for = "1h"
-{extra}"""
+from tests.test_service import config  # thresholds at 0 %: an alert fires on the first cycle
 
 
 def tg(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -73,7 +57,7 @@ def test_a_second_daemon_on_the_same_state_dir_exits_2_naming_the_pid_and_reader
     table = tg("status", "-c", cfg).stdout
     assert f"Daemon: not running (PID {daemon.proc.pid} stopped; its last cycle was" in table
     assert "Alerts firing (daemon" not in table
-    assert "Alerts that were firing when the daemon stopped (last cycle " in table
+    assert "Alerts that were firing when the daemon stopped (its last cycle: 20" in table
     health = tg("health", "-c", cfg)
     assert health.returncode == 1 and f"PID {daemon.proc.pid} stopped" in health.stderr
     # The lock went with the process: a new daemon starts on the same directory.
@@ -93,6 +77,10 @@ def test_run_once_does_not_pass_for_a_daemon(tmp_path, setup):
     assert "has not completed a cycle" in health.stderr
     doc = json.loads(tg("status", "--json", "-c", str(cfg)).stdout)
     assert doc["daemon"]["running"] is False and doc["daemon"]["last_cycle_at"] is None
+    table = tg("status", "-c", str(cfg)).stdout
+    assert "Daemon: not running (start it with `trainguard run`)" in table
+    assert "Alerts recorded by a one-shot run (`run --once`; no daemon has run here):" in table
+    assert "Alerts firing (daemon" not in table
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
@@ -145,3 +133,21 @@ def test_an_unwritable_log_file_is_one_line_and_exit_2(tmp_path, setup):
     done = tg("run", "-c", str(cfg), "--log-file", str(blocked / "t.log"), timeout=30)
     assert done.returncode == 2
     assert len(done.stderr.splitlines()) == 1 and f"--log-file {blocked / 't.log'}" in done.stderr
+
+
+def test_the_lock_names_its_holder_and_goes_with_it(tmp_path):
+    from trainguard.store.lock import LockHeld, StateLock, holder
+
+    assert holder(str(tmp_path)).running is False and holder(str(tmp_path)).pid is None
+    first = StateLock(str(tmp_path))
+    first.acquire()
+    assert holder(str(tmp_path)).running is True and holder(str(tmp_path)).pid == os.getpid()
+    with pytest.raises(LockHeld) as held:
+        StateLock(str(tmp_path)).acquire(wait=0.1)
+    assert held.value.pid == os.getpid()
+    first.release()
+    after = holder(str(tmp_path))
+    assert after.running is False and after.pid == os.getpid()  # the file still names the last daemon
+    second = StateLock(str(tmp_path))
+    second.acquire()
+    second.release()

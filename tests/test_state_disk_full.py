@@ -146,3 +146,26 @@ def test_an_alert_delivered_while_its_outcome_cannot_be_written_is_not_sent_agai
     finally:
         conn.close()
     assert len(http_receiver.requests) == 1
+
+
+@pytest.mark.parametrize("tmpfs_mount", [2 * 2**20], indirect=True)
+def test_starting_on_a_full_state_disk_says_so_and_never_moves_the_database_aside(tmp_path, tmpfs_mount):
+    from tests.support.cli import trainguard
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[gpu]\nenabled = false\n[filesystems]\nexclude = ["*"]\n')
+    state = tmpfs_mount / "state"
+    assert trainguard("run", "--once", "-c", str(cfg), "--state-dir", str(state)).returncode == 0
+    fill(tmpfs_mount / "ballast", 64 * 2**20)
+    done = trainguard("run", "--once", "-c", str(cfg), "--state-dir", str(state))
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-1].startswith(f"trainguard: cannot open the state database in {state}: ")
+    assert "Traceback" not in done.stderr
+    assert not [p for p in os.listdir(state) if ".corrupt-" in p]
+    os.unlink(tmpfs_mount / "ballast")
+    assert trainguard("run", "--once", "-c", str(cfg), "--state-dir", str(state)).returncode == 0
+    conn = sqlite3.connect(state / "state.db")
+    try:
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    finally:
+        conn.close()

@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 from typing import Callable, Sequence
 
@@ -39,6 +40,8 @@ def _load(args: argparse.Namespace) -> configmod.Loaded | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    import sqlite3
+
     from trainguard.service.daemon import Daemon
     from trainguard.service.logging_setup import setup_logging
     from trainguard.store.lock import LockHeld, StateLock
@@ -62,13 +65,23 @@ def cmd_run(args: argparse.Namespace) -> int:
         if getattr(args, "log_file", None):
             log.error("%s", exc)
         return EXIT_CONFIG
+    early: list[int] = []  # SIGTERM/SIGINT while starting (NVML can take seconds): stop after the start, exit 0
+    if not args.once:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda n, _f: early.append(n))
     try:
-        return _run_locked(args, loaded, Daemon(loaded, state_dir=state_dir, one_shot=args.once))
+        try:
+            daemon = Daemon(loaded, state_dir=state_dir, one_shot=args.once)
+        except sqlite3.OperationalError as exc:  # a new database on a full or read-only disk
+            print(f"trainguard: cannot open the state database in {state_dir}: {exc}; free space there or give "
+                  "--state-dir on another disk", file=sys.stderr)
+            return EXIT_CRITICAL
+        return _run_locked(args, loaded, daemon, early)
     finally:
         lock.release()
 
 
-def _run_locked(args: argparse.Namespace, loaded: configmod.Loaded, daemon) -> int:
+def _run_locked(args: argparse.Namespace, loaded: configmod.Loaded, daemon, early: list[int]) -> int:
     if args.once:
         # One cycle must see a hung mount: wait for slow probes up to the timeout, as `status` does.
         daemon.samplers.fs.wait = loaded.config.filesystems.probe_timeout
@@ -80,6 +93,9 @@ def _run_locked(args: argparse.Namespace, loaded: configmod.Loaded, daemon) -> i
             print(f"no findings on {len(result.snapshot.filesystems)} filesystems")
         return EXIT_CRITICAL if any(f.severity.value == "critical" for f in result.findings) else EXIT_OK
     daemon.install_signal_handlers()
+    if early:
+        log.info("received %s while starting, stopping", signal.Signals(early[0]).name)
+        daemon.stop_event.set()
     log.info("trainguard %s started: config %s, state %s, interval %gs, pid %d",
              __version__, loaded.source, daemon.state_dir, loaded.config.general.interval, os.getpid())
     daemon.run()

@@ -46,7 +46,7 @@ class Health:
 class DaemonInfo:
     """What a reader can tell about the daemon of a state directory."""
 
-    running: bool              # a process holds the state directory's lock now
+    running: bool | None       # a process holds the state directory's lock now; None: we may not look
     pid: int | None            # the lock holder's, else the last stamping daemon's
     last_cycle: float | None   # wall time of the last completed daemon cycle
     status: str | None         # its STATUS line
@@ -70,7 +70,7 @@ def read(state_dir: str, conn: sqlite3.Connection | None = None) -> DaemonInfo:
                 conn.close()
     ts, pid, status = row if row else (None, None, None)
     return DaemonInfo(running=held.running, pid=held.pid if held.running or held.pid else pid, last_cycle=ts,
-                      status=status, locked=held.pid is not None or held.running)
+                      status=status, locked=held.pid is not None or bool(held.running))
 
 
 def check(state_dir: str, now: float, max_age: float) -> Health:

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import logging
 import os
 import time
 from dataclasses import dataclass
 
 LOCK_NAME = "trainguard.pid"
+
+log = logging.getLogger(__name__)
 
 
 class LockHeld(Exception):
@@ -64,9 +67,15 @@ class StateLock:
                         raise LockHeld(self.path, pid) from None
                     raise
                 time.sleep(0.05)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self.fd = fd
+        data = f"{os.getpid()}\n".encode()
+        try:
+            # Over the old PID, then cut: no new block is needed, so a restart on a full disk still works.
+            os.pwrite(fd, data, 0)
+            os.ftruncate(fd, len(data))
+        except OSError as exc:  # the lock holds all the same; only readers lose the PID
+            log.warning("holding the lock %s but cannot write our PID into it: %s", self.path,
+                        exc.strerror or exc)
 
     def release(self) -> None:
         if self.fd is None:
@@ -78,7 +87,7 @@ class StateLock:
 
 @dataclass(frozen=True, slots=True)
 class Holder:
-    running: bool       # a process holds the lock now
+    running: bool | None  # a process holds the lock now; None: we may not look (a non-root reader)
     pid: int | None     # the PID written in the lock file (the holder's, or the last one's)
 
 
@@ -86,6 +95,8 @@ def holder(state_dir: str) -> Holder:
     """Whether a daemon holds this state directory, without disturbing it (read-only callers)."""
     try:
         fd = os.open(lock_path(state_dir), os.O_RDONLY | os.O_CLOEXEC)
+    except PermissionError:
+        return Holder(None, None)
     except OSError:
         return Holder(False, None)
     try:

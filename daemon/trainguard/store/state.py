@@ -16,6 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from trainguard.store.writes import is_disk_error
+
 log = logging.getLogger(__name__)
 
 DB_NAME = "state.db"
@@ -93,6 +95,8 @@ class StateDb:
                 return
             reason = f"integrity check failed: {row[0] if row else 'no answer'}"
         except sqlite3.DatabaseError as exc:
+            if is_disk_error(exc):
+                return  # a full or read-only disk says nothing about the file: never move a good one aside
             reason = str(exc)
         aside = f"{self.path}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}"
         for suffix in ("", "-wal", "-shm"):

@@ -26,6 +26,11 @@ _WRITE_ERRORS = (sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_READO
 _WRITE_MESSAGES = ("disk is full", "disk i/o error", "readonly database", "unable to open")
 
 
+def is_disk_error(exc: BaseException) -> bool:
+    """A full, read-only or failing disk, not a damaged or misplaced file (which is "unable to open")."""
+    return is_write_error(exc) and "unable to open" not in str(exc).lower()
+
+
 def is_write_error(exc: BaseException) -> bool:
     """True for the errors a full, read-only or failing disk causes."""
     if not isinstance(exc, sqlite3.OperationalError):

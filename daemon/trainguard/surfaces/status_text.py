@@ -164,9 +164,11 @@ def _alerts(doc: dict[str, Any], _: Gettext) -> list[str]:
         return out
     if d["running"]:
         out.append(_("Alerts firing (daemon, PID {pid}):").format(pid=d["pid"]))
-    else:
+    elif d["last_cycle_at"] is not None:
         out.append(_("Alerts that were firing when the daemon stopped (last cycle {at}):").format(
             at=_local(d["last_cycle_at"])))
+    else:
+        out.append(_("Alerts recorded by a one-shot run (run --once; no daemon has run here):"))
     seen_now = {f["key"]: f for f in doc["findings"]}
     out.extend(_("  [{severity}] {summary} since {since}").format(
         severity=_(SEVERITY_WORDS[a["severity"]]), since=_local(a["firing_since"]),
@@ -177,6 +179,9 @@ def _alerts(doc: dict[str, Any], _: Gettext) -> list[str]:
 
 def daemon_line(d: dict[str, Any], _: Gettext) -> str:
     age = format_duration(d["last_cycle_age_seconds"]) if d["last_cycle_age_seconds"] is not None else None
+    if d["running"] is None:
+        return _("Daemon: unknown (this user may not read {dir}; run trainguard status as its owner)").format(
+            dir=d["state_dir"])
     if d["running"]:
         if age:
             return _("Daemon: running, PID {pid}, last cycle {age} ago").format(pid=d["pid"], age=age)
