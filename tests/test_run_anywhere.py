@@ -78,8 +78,8 @@ def test_run_once_does_not_pass_for_a_daemon(tmp_path, setup):
     doc = json.loads(tg("status", "--json", "-c", str(cfg)).stdout)
     assert doc["daemon"]["running"] is False and doc["daemon"]["last_cycle_at"] is None
     table = tg("status", "-c", str(cfg)).stdout
-    assert "Daemon: not running (start it with `trainguard run`)" in table
-    assert "Alerts recorded by a one-shot run (`run --once`; no daemon has run here):" in table
+    assert "Daemon: not running (start it with: trainguard run)" in table
+    assert "Alerts recorded by a one-shot run (run --once; no daemon has run here):" in table
     assert "Alerts firing (daemon" not in table
 
 

@@ -51,6 +51,8 @@ def test_status_table_in_chinese_has_the_sparkline_and_forecast(tmp_path):
     assert len(used["/data"]) == HISTORY_STEPS and used["/data"][0] == pytest.approx(0.6, abs=0.01)
     doc = {"host": "gpu3", "generated_at": "2027-01-15T08:00:00+00:00", "daemon_state": True, "findings": [],
            "alerts": [], "gpus": [], "gpu_status": None, "cleanup": [], "outbox": None,
+           "daemon": {"running": True, "pid": 812, "state_dir": str(tmp_path), "last_cycle_age_seconds": 8,
+                      "last_cycle_at": "2027-01-15T07:59:52+00:00", "status": ""},
            "filesystems": [{"mountpoint": "/data", "fstype": "xfs", "device": "/dev/md0", "size_bytes": 2**40,
                             "used_ratio": 0.9, "inodes_used_ratio": 0.1, "io_util_ratio": 0.2, "eta_seconds": 7200,
                             "state": "warning", "unresponsive_seconds": None, "used_ratio_24h": used["/data"]}]}
@@ -59,6 +61,7 @@ def test_status_table_in_chinese_has_the_sparkline_and_forecast(tmp_path):
     assert header.split()[:5] == ["挂载点", "类型", "设备", "容量", "已用"] and "预计写满" in header
     assert sparkline(used["/data"]) in row and sparkline(used["/data"]).startswith("▁▁")
     assert "60–90%" in row and "2h" in row and "警告" in row
+    assert "守护进程：运行中，PID 812" in text
     assert "LAST 24H" in render_text(doc, "en")
 
 

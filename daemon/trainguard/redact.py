@@ -105,8 +105,19 @@ def scrub(text: str) -> str:
     """Mask what looks like a credential in any text: URLs shown by their shape, token=value as token=***."""
     if not text or ("://" not in text and "=" not in text):
         return text
-    text = _URL_IN_TEXT.sub(lambda m: redact_url(m.group(0)), text)
+    text = _URL_IN_TEXT.sub(lambda m: _scrub_url(m.group(0)), text)
     return _TOKEN_IN_TEXT.sub(lambda m: f"{m.group(1)}={MASK}", text)
+
+
+def _scrub_url(url: str) -> str:
+    """A plain web address keeps its host and path (http://127.0.0.1:9842/metrics is no secret) and loses
+    its user:password; any other scheme is a notification URL whose every part may be a token."""
+    scheme, _, rest = url.partition("://")
+    if scheme.lower() in ("http", "https"):
+        netloc, slash, path = rest.partition("/")
+        userinfo, at, host = netloc.rpartition("@")
+        return f"{scheme}://{MASK + '@' if at else ''}{host}{slash}{path}"
+    return redact_url(url)
 
 
 def install_log_scrubber() -> None:

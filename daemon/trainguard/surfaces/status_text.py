@@ -165,7 +165,7 @@ def _alerts(doc: dict[str, Any], _: Gettext) -> list[str]:
     if d["running"]:
         out.append(_("Alerts firing (daemon, PID {pid}):").format(pid=d["pid"]))
     elif d["last_cycle_at"] is not None:
-        out.append(_("Alerts that were firing when the daemon stopped (last cycle {at}):").format(
+        out.append(_("Alerts that were firing when the daemon stopped (its last cycle: {at}):").format(
             at=_local(d["last_cycle_at"])))
     else:
         out.append(_("Alerts recorded by a one-shot run (run --once; no daemon has run here):"))
