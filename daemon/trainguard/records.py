@@ -229,6 +229,7 @@ class GpuSample:
     retired_pages_pending: bool | None = None
     lost: bool = False
     errors: Mapping[str, str] = field(default_factory=dict, compare=False)  # field -> NVML error text
+    minor_number: int | None = None  # N of /dev/nvidiaN (nvmlDeviceGetMinorNumber)
 
     @property
     def memory_used_ratio(self) -> float | None:

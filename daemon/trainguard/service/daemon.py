@@ -129,8 +129,10 @@ class Daemon:
         self.history.record(now, series_of(snapshot))
         inp = DetectorInput(self.config, self.history, snapshot, now, self.lifecycle.active)
         findings = evaluate(inp)
+        # Diagnosis and the risky-placement scan run in the diagnoser's worker; a new stall waits for
+        # its diagnosis at most the diagnoser's deadline.
         self.diagnoser.observe(snapshot)
-        findings = self.diagnoser.enrich(findings, snapshot, now)
+        findings = self.diagnoser.enrich(findings, snapshot, now) + self.diagnoser.placement(snapshot, now)
         events = self._with_cleanup(self.lifecycle.update(findings, now), now)
         for notifier in self.notifiers:
             try:
@@ -241,6 +243,7 @@ class Daemon:
             self.start_metrics()
         self.samplers.close()
         self.samplers = Samplers.from_config(cfg, self.clock, nvml=self.nvml, follow_logs=True)
+        self.diagnoser.close()
         self.diagnoser = self._make_diagnoser(cfg)
         self.lifecycle.configure(repeat_interval=cfg.alerts.repeat_interval,
                                  keep_firing_for=cfg.alerts.keep_firing_for)
@@ -317,6 +320,7 @@ class Daemon:
         self.sd.stopping()
         self.stop_metrics()
         self.samplers.close()
+        self.diagnoser.close()
         if self.cleanup is not None:
             self.cleanup.stop()
         for notifier in self.notifiers:

@@ -219,7 +219,7 @@ class GpuSampler:
         self.xid_events = xid_events
         self._initialised = False
         self._handles: dict[int, Any] = {}
-        self._identity: dict[int, tuple[str, str]] = {}
+        self._identity: dict[int, tuple[str, str, int | None]] = {}
         self._absent: set[tuple[int, str]] = set()
         self._memory_v2 = True
         self._last_util_ts: dict[int, int] = {}
@@ -352,7 +352,7 @@ class GpuSampler:
         if retry <= now:
             delay = min(delay * 2, self.retry_max)
             self._lost_retry[index] = (now + delay, delay)
-        uuid, name = self._identity.get(index, ("", ""))
+        uuid, name, _minor = self._identity.get(index, ("", "", None))
         return GpuSample(index, uuid, name, now, lost=True, errors={"gpu": detail})
 
     def _sample_gpu(self, index: int, now: float, xids: tuple[XidEvent, ...]) -> GpuSample:
@@ -371,8 +371,9 @@ class GpuSampler:
         try:
             if index not in self._identity:
                 self._identity[index] = (str(q("uuid", "nvmlDeviceGetUUID", handle) or ""),
-                                         str(q("name", "nvmlDeviceGetName", handle) or ""))
-            uuid, name = self._identity[index]
+                                         str(q("name", "nvmlDeviceGetName", handle) or ""),
+                                         q("minor_number", "nvmlDeviceGetMinorNumber", handle))
+            uuid, name, minor = self._identity[index]
             used, total = self._memory(q, handle)
             util, util_max, mem_util = self._utilisation(q, index, handle)
             temperature = q("temperature", "nvmlDeviceGetTemperature", handle, getattr(nvml, "NVML_TEMPERATURE_GPU", 0))
@@ -408,7 +409,7 @@ class GpuSampler:
             ecc_uncorrected=int(ecc) if ecc is not None else None,
             retired_pages=retired,
             retired_pages_pending=bool(pending) if pending is not None else None,
-            errors=q.errors,
+            errors=q.errors, minor_number=int(minor) if minor is not None else None,
         )
 
     def _memory(self, q: _Query, handle: Any) -> tuple[int | None, int | None]:

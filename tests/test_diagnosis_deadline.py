@@ -1,0 +1,71 @@
+"""Slow diagnosis work stays off the cycle: a stall alert waits for its diagnosis at most the deadline,
+goes out with what is known and says the diagnosis timed out, and gets the full diagnosis when it is in.
+Here the slow part is a py-spy that does not answer (a real child process): it is killed and reaped."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+
+from trainguard.diagnosis.stall import StallDiagnoser
+from trainguard.records import Finding, Severity, Snapshot
+
+from tests.test_gpu_diagnosis import _gpu_holding, stuck_trainer  # noqa: F401 - the fixture
+
+STALL = Finding("gpu.stall:0", Severity.CRITICAL, "GPU 0 stalled", details={"gpu": 0, "util_recent": [0.0]})
+
+
+def _hanging_py_spy(tmp_path):
+    exe = tmp_path / "py-spy"
+    pids = tmp_path / "py-spy.pids"
+    exe.write_text(f"#!/bin/sh\necho $$ >> {pids}\nexec sleep 60\n")
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    return str(exe), pids
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_late_diagnosis_does_not_hold_the_alert_and_arrives_later(stuck_trainer, tmp_path):
+    child, _tid, events, _fs = stuck_trainer
+    exe, pids = _hanging_py_spy(tmp_path)
+    clock, gpu = _gpu_holding(child.pid)
+    snapshot = Snapshot(ts=clock.now, gpus=(gpu,))
+    diagnoser = StallDiagnoser(py_spy=True, py_spy_path=exe, deadline=1.0, clock=clock)
+    diagnoser.observe(snapshot)
+    started = time.monotonic()
+    (first,) = diagnoser.enrich([STALL], snapshot, clock.now)
+    assert time.monotonic() - started < 2.0
+    assert first.details["diagnosis_timed_out"] and "diagnosis timed out after 1s" in first.summary
+    assert first.details["diagnosis"]["processes"][0]["host_pid"] == child.pid  # what NVML said is there
+    job = diagnoser.worker.latest(("stall", 0))
+    assert job.wait(15)
+    clock.advance(10)
+    (second,) = diagnoser.enrich([STALL], snapshot, clock.now)
+    assert not second.details["diagnosis_timed_out"] and str(events) in second.summary
+    (pid,) = map(int, pids.read_text().split())
+    assert _gone(pid)  # py-spy ran past its time: killed and reaped
+
+
+def test_close_kills_a_py_spy_still_running(stuck_trainer, tmp_path):
+    child, _tid, _events, _fs = stuck_trainer
+    exe, pids = _hanging_py_spy(tmp_path)
+    clock, gpu = _gpu_holding(child.pid)
+    snapshot = Snapshot(ts=clock.now, gpus=(gpu,))
+    diagnoser = StallDiagnoser(py_spy=True, py_spy_path=exe, deadline=0.5, clock=clock)
+    diagnoser.observe(snapshot)
+    (d,) = diagnoser.diagnose_within([gpu], snapshot)
+    assert d.timed_out
+    deadline = time.monotonic() + 10
+    while not pids.exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    diagnoser.close()
+    (pid,) = map(int, pids.read_text().split())
+    assert _gone(pid)
