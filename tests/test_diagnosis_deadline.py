@@ -69,3 +69,42 @@ def test_close_kills_a_py_spy_still_running(stuck_trainer, tmp_path):
     diagnoser.close()
     (pid,) = map(int, pids.read_text().split())
     assert _gone(pid)
+
+
+def test_daemon_sends_the_stall_again_once_its_late_diagnosis_is_in(stuck_trainer, tmp_path):
+    from tests.gpu_support import GiB, fake_pynvml, gpu_spec
+    from tests.support.clock import FakeClock
+    from tests.support.fake_daemon import FakeDisk, Recorder, daemon
+    from trainguard.records import AlertStatus
+    from trainguard.sources.gpu import GpuSampler
+
+    child, _tid, events, _fs = stuck_trainer
+    exe, _pids = _hanging_py_spy(tmp_path)
+    clock, recorder = FakeClock(), Recorder()
+    d = daemon(tmp_path, clock, FakeDisk(), recorder,
+               {"general": {"interval": "10s"}, "gpu": {"for": "60s"}, "alerts": {"keep_firing_for": "0s"}})
+    nvml = fake_pynvml.FakeNvml({"gpus": [gpu_spec([{"at": 0, "util": 0, "mem_used": 76 * GiB,
+                                                     "processes": [{"pid": child.pid, "used": 76 * GiB}]}])]},
+                                clock=clock.time)
+    d.samplers.gpu = GpuSampler(nvml, clock=clock.time, host_pid_view=True, xid_events=False)
+    d.diagnoser = StallDiagnoser(py_spy=True, py_spy_path=exe, deadline=0.5, clock=clock.time)
+    try:
+        stalls = []
+        while not stalls:
+            clock.advance(10)
+            d.cycle()
+            stalls = [e for e in recorder.events if e.finding.kind == "gpu.stall"]
+            assert clock.time() < 1_700_000_000 + 600, "the stall never fired"
+        (first,) = stalls
+        assert first.status is AlertStatus.FIRING and first.finding.details["diagnosis_timed_out"]
+        assert d.diagnoser.worker.latest(("stall", 0)).wait(15)
+        clock.advance(10)
+        d.cycle()
+        later = [e for e in recorder.events if e.finding.kind == "gpu.stall"][1:]
+        assert [e.status for e in later] == [AlertStatus.FIRING] and later[0].repeat
+        assert str(events) in later[0].finding.summary and not later[0].finding.details["diagnosis_timed_out"]
+        clock.advance(10)
+        d.cycle()
+        assert len([e for e in recorder.events if e.finding.kind == "gpu.stall"]) == 2  # sent again once
+    finally:
+        d.close()

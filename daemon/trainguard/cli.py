@@ -95,43 +95,41 @@ def _no_gpu(args: argparse.Namespace, reason: str, code: int) -> int:
 def cmd_diagnose(args: argparse.Namespace) -> int:
     """What are the processes on a GPU doing? Runs the stall diagnosis now, stalled or not.
 
-    Bounded: no GPU answers at once; otherwise the mount probes wait at most 1 s, then --wait, then the
-    diagnosis at most its deadline (5 s); a py-spy still running then is killed."""
+    Bounded, and touches no mount: no GPU answers at once; otherwise two NVML readings --wait apart
+    (I/O counters moving or not), then the diagnosis at most its deadline (5 s). Mounts are not probed
+    (a probe of a hung share would leave a stuck child behind); /proc names the blocked file and mount."""
     import time
 
     from trainguard.clock import SystemClock
     from trainguard.diagnosis import stall as diagnosis
     from trainguard.records import Snapshot
-    from trainguard.sources.samplers import Samplers
+    from trainguard.sources.samplers import gpu_sampler
 
     loaded = _load(args)
     if loaded is None:
         return EXIT_CONFIG
     quiet_logging()
     cfg = loaded.config
-    samplers = Samplers.from_config(cfg, SystemClock(), nvml=getattr(args, "nvml", None))
-    if samplers.gpu is None:
+    sampler = gpu_sampler(cfg, SystemClock(), getattr(args, "nvml", None))
+    if sampler is None:
         return _no_gpu(args, "GPU monitoring is disabled ([gpu] enabled = false)", EXIT_CONFIG)
     diagnoser = diagnosis.StallDiagnoser(cfg.general.proc_root, py_spy=cfg.gpu.py_spy)
     try:
-        reading = samplers.gpu.sample()  # first, alone: a host without a GPU answers without waiting
+        reading = sampler.sample()
         if not reading.gpus:
             return _no_gpu(args, _one_shot_reason(reading.status), EXIT_CRITICAL)
-        gpus = [g for g in reading.gpus if args.gpu is None or str(g.index) == args.gpu or g.uuid == args.gpu]
-        if not gpus:
+        wanted = {g.index for g in reading.gpus if args.gpu is None or args.gpu in (str(g.index), g.uuid)}
+        if not wanted:
             print(f"no GPU {args.gpu!r}; present: {', '.join(str(g.index) for g in reading.gpus)}", file=sys.stderr)
             return EXIT_CONFIG
-        first = samplers.sample(time.time())
-        diagnoser.observe(first)  # I/O counters now and after the wait show whether they move
+        diagnoser.observe(Snapshot(ts=time.time(), gpus=reading.gpus))  # I/O counters now and after the wait
         time.sleep(args.wait)
-        snapshot = samplers.sample(time.time())
-        wanted = {g.index for g in gpus}
-        snapshot = Snapshot(ts=snapshot.ts, filesystems=first.filesystems, gpus=snapshot.gpus,
-                            gpu_status=snapshot.gpu_status, log_matches=snapshot.log_matches)
+        reading = sampler.sample()
+        snapshot = Snapshot(ts=time.time(), gpus=reading.gpus, gpu_status=reading.status)
         results = diagnoser.diagnose_within([g for g in snapshot.gpus if g.index in wanted], snapshot)
     finally:
         diagnoser.close()
-        samplers.close()
+        sampler.close()
     if args.json:
         print(json.dumps({"gpus": [d.to_dict() for d in results], "reason": None}, indent=2))
     else:

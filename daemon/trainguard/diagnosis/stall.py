@@ -74,6 +74,8 @@ class StallDiagnoser:
         # A firing stall is re-diagnosed at most this often (thread scans and py-spy are not free).
         self.refresh = 60.0
         self._cache: dict[int, tuple[float, Diagnosis]] = {}
+        self._late: set[str] = set()  # stall keys whose alert carried a timed-out diagnosis
+        self._updates: set[str] = set()  # ... and whose full diagnosis has arrived since
         self._placement: tuple[float, list[Finding]] = (float("-inf"), [])
 
     # --- I/O counters across cycles ---------------------------------------------------------
@@ -194,6 +196,7 @@ class StallDiagnoser:
         for index in list(self._cache):
             if index not in stalled:
                 del self._cache[index]  # a new stall gets a fresh diagnosis
+        self._late &= {f.key for f in findings}
         wait_until = self.monotonic() + self.deadline
         out = []
         for finding in findings:
@@ -204,11 +207,21 @@ class StallDiagnoser:
             when = self.clock() if now is None else now
             d = self._diagnosis_for(gpu, snapshot, when, tuple(finding.details.get("util_recent", ())),
                                     finding.details.get("stalled_for_s"), wait_until)
+            if d.timed_out:
+                self._late.add(finding.key)
+            elif finding.key in self._late:
+                self._late.discard(finding.key)
+                self._updates.add(finding.key)
             details = {**finding.details, "diagnosis": d.to_dict(), "verdict": d.verdict,
                        "attribution": d.attribution, "diagnosis_timed_out": d.timed_out}
             out.append(dataclasses.replace(finding, summary=f"{finding.summary} — {d.verdict}",
                                            details=details, hint=d.remedy))
         return out
+
+    def take_updates(self) -> set[str]:
+        """Keys of stall alerts sent with a timed-out diagnosis whose full one is now attached: send again."""
+        updates, self._updates = self._updates, set()
+        return updates
 
     # --- prevention --------------------------------------------------------------------------
 

@@ -134,6 +134,7 @@ class Daemon:
         self.diagnoser.observe(snapshot)
         findings = self.diagnoser.enrich(findings, snapshot, now) + self.diagnoser.placement(snapshot, now)
         events = self._with_cleanup(self.lifecycle.update(findings, now), now)
+        events += self._late_diagnoses(findings, events, now)
         for notifier in self.notifiers:
             try:
                 notifier.notify(events)
@@ -179,6 +180,16 @@ class Daemon:
             if mount in self.cleanup_notes and event.finding.key.startswith("fs."):
                 details = {**event.finding.details, "action_taken": self.cleanup_notes[mount][1]}
                 out[i] = replace(event, finding=replace(event.finding, details=details))
+        return out
+
+    def _late_diagnoses(self, findings: Sequence[Finding], events: Sequence[AlertEvent], now: float) -> list[AlertEvent]:
+        """A stall alert that went out before its diagnosis was in is sent again once the diagnosis is."""
+        due = self.diagnoser.take_updates() - {e.finding.key for e in events}
+        out = []
+        for f in findings:
+            state = self.lifecycle.states.get(f.key) if f.key in due else None
+            if state is not None and state.firing_since is not None:
+                out.append(AlertEvent(AlertStatus.FIRING, f, started_at=state.firing_since, ts=now, repeat=True))
         return out
 
     def _readings(self, result: CycleResult, now: float) -> Readings:
