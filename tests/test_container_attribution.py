@@ -16,13 +16,12 @@ from pathlib import Path
 import pytest
 
 from tests.gpu_support import FAKE_DIR, GiB, gpu_spec
-from tests.support.container import GpuContainer, container_reason
+from tests.support.container import GPU_MINOR, GpuContainer, container_reason
 
 ROOT = Path(__file__).resolve().parent.parent
 TB_TRAINER = ROOT / "tests" / "scenarios" / "tb_trainer.py"
 STANDIN = ROOT / "tests" / "support" / "cuda_standin.py"
 ABSENT_HOST_PID = 4_000_001  # above pid_max's default: no process has it in the container
-MINOR = 3
 
 ALERT = """
 import json, time
@@ -49,10 +48,10 @@ def boxed_trainer(slowfs, tmp_path):
     lib.parent.mkdir()
     lib.write_bytes(b"\0" * 4096)
     status = tmp_path / "status.json"
-    command = [sys.executable, str(STANDIN), "--minor", str(MINOR), "--lib", str(lib), str(TB_TRAINER),
+    command = [sys.executable, str(STANDIN), "--minor", str(GPU_MINOR), "--lib", str(lib), str(TB_TRAINER),
                "--logdir", str(slowfs.mountpoint / "runs" / "exp1"), "--heartbeat", str(tmp_path / "hb"),
                "--status", str(status), "--step-seconds", "0.02", "--max-queue", "2"]
-    with GpuContainer(command, minor=MINOR, env=dict(os.environ, CUDA_VISIBLE_DEVICES="0")) as box:
+    with GpuContainer(command, env=dict(os.environ, CUDA_VISIBLE_DEVICES="0")) as box:
         deadline = time.monotonic() + 30
         while not (status.exists() and json.loads(status.read_text())["written"] > 0):
             assert time.monotonic() < deadline, "the trainer did not start writing"
@@ -67,7 +66,7 @@ def boxed_trainer(slowfs, tmp_path):
 
 def _env(tmp_path: Path, processes: list[dict]) -> dict[str, str]:
     script = {"gpus": [gpu_spec([{"at": 0, "util": 0, "mem_used": 76 * GiB, "processes": processes}],
-                                minor_number=MINOR)]}
+                                minor_number=GPU_MINOR)]}
     (tmp_path / "nvml.json").write_text(json.dumps(script))
     return dict(os.environ, PYTHONPATH=f"{FAKE_DIR}{os.pathsep}{ROOT / 'daemon'}",
                 TRAINGUARD_FAKE_NVML=str(tmp_path / "nvml.json"))

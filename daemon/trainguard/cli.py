@@ -113,6 +113,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     sampler = gpu_sampler(cfg, SystemClock(), getattr(args, "nvml", None))
     if sampler is None:
         return _no_gpu(args, "GPU monitoring is disabled ([gpu] enabled = false)", EXIT_CONFIG)
+    sampler.xid_events = False  # one shot: no XID listener thread to start and join (0.5 s)
     diagnoser = diagnosis.StallDiagnoser(cfg.general.proc_root, py_spy=cfg.gpu.py_spy)
     try:
         reading = sampler.sample()
@@ -122,6 +123,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         if not wanted:
             print(f"no GPU {args.gpu!r}; present: {', '.join(str(g.index) for g in reading.gpus)}", file=sys.stderr)
             return EXIT_CONFIG
+        diagnoser.watch_inferred(reading.gpus)
         diagnoser.observe(Snapshot(ts=time.time(), gpus=reading.gpus))  # I/O counters now and after the wait
         time.sleep(args.wait)
         reading = sampler.sample()

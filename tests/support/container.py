@@ -4,12 +4,13 @@
 That is what a rented GPU container (AutoDL and alike) looks like from inside: its
 processes see only each other, NVML reports host PIDs that mean nothing there, and
 /dev/nvidiaN, /dev/nvidiactl, /dev/nvidia-uvm are device nodes in the container's own
-/dev. Here those nodes are real character devices with the NVIDIA names and the GPU's
-minor number, backed by the null device (major 1): without an NVIDIA driver a node with
-major 195 cannot be opened, and the code under test reads the path and st_rdev's minor,
-never the major. Nothing leaks out: the mount namespace is private.
+/dev. Here those nodes are real character devices with the NVIDIA names, backed by the
+null device (1:3): without an NVIDIA driver a node with major 195 cannot be opened, and
+the code under test reads the path and st_rdev's minor, never the major. So the GPU node
+is /dev/nvidia3 and the scripted GPU's minor number must be GPU_MINOR (3). Nothing leaks
+out: the mount namespace is private.
 
-    with GpuContainer(["python", "job.py"], minor=3) as box:
+    with GpuContainer(["python", "job.py"]) as box:
         box.exec(["python", "-m", "trainguard", "diagnose"])   # like `docker exec`
 """
 
@@ -22,12 +23,14 @@ import subprocess
 import time
 from typing import Sequence
 
+GPU_MINOR = 3  # the null device's minor: /dev/nvidia3 is c 1:3
+
 SETUP = """
 set -e
 mount -t tmpfs -o mode=755 trainguard-test-dev /dev
 for node in null:3 zero:5 random:8 urandom:9; do mknod -m 666 /dev/${node%:*} c 1 ${node#*:}; done
 ln -s /proc/self/fd /dev/fd; ln -s fd/0 /dev/stdin; ln -s fd/1 /dev/stdout; ln -s fd/2 /dev/stderr
-for name in nvidia$MINOR nvidiactl nvidia-uvm; do mknod -m 666 /dev/$name c 1 3; done
+for name in nvidia3 nvidiactl nvidia-uvm; do mknod -m 666 /dev/$name c 1 3; done
 "$@" &
 wait $!
 """
@@ -43,15 +46,14 @@ def container_reason() -> str | None:
 
 
 class GpuContainer:
-    def __init__(self, command: Sequence[str], *, minor: int, env: dict[str, str] | None = None):
+    def __init__(self, command: Sequence[str], *, env: dict[str, str] | None = None):
         self.command = list(command)
-        self.minor = minor
         self.env = env
         self.proc: subprocess.Popen[bytes] | None = None
         self.init_pid: int | None = None  # the namespace's PID 1, as this (outer) namespace numbers it
 
     def __enter__(self) -> GpuContainer:
-        env = dict(self.env or os.environ, MINOR=str(self.minor))
+        env = dict(self.env or os.environ)
         self.proc = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "--propagation", "private",
                                       "sh", "-c", SETUP, "sh", *self.command], env=env)
         deadline = time.monotonic() + 10

@@ -158,9 +158,15 @@ def uses(holder: Holder, gpu: GpuSample) -> bool:
     return bool(gpu.uuid and gpu.uuid in names) or (indexes_count and str(gpu.index) in names)
 
 
+CONTEXT_BYTES = 128 * 2**20  # less VRAM in use than one CUDA context holds: nobody is on the GPU
+
+
 def needs_inference(gpu: GpuSample) -> bool:
-    """NVML named no process, or a PID that does not resolve in our /proc."""
-    return not gpu.processes or any(p.pid is None for p in gpu.processes)
+    """NVML named a PID that does not resolve in our /proc (and is not known to be gone), or named no
+    process while the GPU's memory is in use (some drivers report none inside containers)."""
+    if gpu.processes:
+        return any(p.pid is None and p.exists is not False for p in gpu.processes)
+    return gpu.memory_used_bytes is None or gpu.memory_used_bytes >= CONTEXT_BYTES
 
 
 def attribute(gpu: GpuSample, holders: Sequence[Holder]) -> tuple[Inferred, ...]:
@@ -169,7 +175,7 @@ def attribute(gpu: GpuSample, holders: Sequence[Holder]) -> tuple[Inferred, ...]
         return ()
     known = {p.pid for p in gpu.processes if p.pid is not None}
     on_gpu = [h for h in holders if h.pid not in known and uses(h, gpu)]
-    unresolved = [p for p in gpu.processes if p.pid is None]
+    unresolved = [p for p in gpu.processes if p.pid is None and p.exists is not False]
     if len(on_gpu) == 1 and len(unresolved) == 1:
         p, h = unresolved[0], on_gpu[0]
         memory = f", {format_bytes(p.used_memory_bytes)}" if p.used_memory_bytes is not None else ""

@@ -97,6 +97,15 @@ class StallDiagnoser:
                 if pid not in pids:
                     del self._io[pid]
 
+    def watch_inferred(self, gpus: Sequence[GpuSample]) -> None:
+        """Find the inferred GPU processes now (in the worker, at most the deadline) so that the next
+        observe() reads their I/O counters too: a one-shot diagnose then needs no extra I/O probe."""
+        wanted = [g for g in gpus if attribution.needs_inference(g)]
+        if wanted:
+            job = self.worker.submit("watch", lambda: [self.targets(g) for g in wanted])
+            if job is not None:
+                job.wait(self.deadline)
+
     def io_before(self, pid: int) -> IoCounters | None:
         with self._lock:
             ring = self._io.get(pid)
