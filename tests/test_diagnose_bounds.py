@@ -39,14 +39,19 @@ def test_no_gpu_answers_at_once_with_valid_json_and_the_reason(capsys, error, wo
     assert took < 1.0, f"diagnose without a GPU took {took:.2f}s"
 
 
-def test_no_library_in_a_subprocess_prints_json(tmp_path):
+@pytest.mark.parametrize("script", [None, {"init_error": "DRIVER_NOT_LOADED"}], ids=["no-library", "no-driver"])
+def test_no_gpu_in_a_subprocess_prints_json_and_nothing_about_retrying(tmp_path, script):
     env = dict(os.environ, PYTHONPATH=f"{FAKE_DIR}{os.pathsep}{ROOT}/daemon")
-    env.pop("TRAINGUARD_FAKE_NVML", None)  # the fake then behaves as a host without libnvidia-ml
+    env.pop("TRAINGUARD_FAKE_NVML", None)  # no script: the fake behaves as a host without libnvidia-ml
+    if script is not None:
+        (tmp_path / "nvml.json").write_text(json.dumps(script))
+        env["TRAINGUARD_FAKE_NVML"] = str(tmp_path / "nvml.json")
     out = subprocess.run([sys.executable, "-m", "trainguard", "diagnose", "--json", "--config", os.devnull],
                          env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == cli.EXIT_CRITICAL
     doc = json.loads(out.stdout)
-    assert doc == {"gpus": [], "reason": doc["reason"]} and "retry" not in doc["reason"]
+    assert doc == {"gpus": [], "reason": doc["reason"]} and doc["reason"]
+    assert "retry" not in out.stdout + out.stderr
 
 
 def _session_members(sid: int) -> list[str]:

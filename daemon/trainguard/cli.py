@@ -101,7 +101,6 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     import time
 
     from trainguard.clock import SystemClock
-    from trainguard.diagnosis import stall as diagnosis
     from trainguard.records import Snapshot
     from trainguard.sources.samplers import gpu_sampler
 
@@ -114,11 +113,15 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     if sampler is None:
         return _no_gpu(args, "GPU monitoring is disabled ([gpu] enabled = false)", EXIT_CONFIG)
     sampler.xid_events = False  # one shot: no XID listener thread to start and join (0.5 s)
+    logging.getLogger("trainguard.gpu").setLevel(logging.ERROR)  # printed once below, without "retry in"
+    reading = sampler.sample()
+    if not reading.gpus:
+        sampler.close()
+        return _no_gpu(args, _one_shot_reason(reading.status), EXIT_CRITICAL)
+    from trainguard.diagnosis import stall as diagnosis  # only now: a host without a GPU need not load it
+
     diagnoser = diagnosis.StallDiagnoser(cfg.general.proc_root, py_spy=cfg.gpu.py_spy)
     try:
-        reading = sampler.sample()
-        if not reading.gpus:
-            return _no_gpu(args, _one_shot_reason(reading.status), EXIT_CRITICAL)
         wanted = {g.index for g in reading.gpus if args.gpu is None or args.gpu in (str(g.index), g.uuid)}
         if not wanted:
             print(f"no GPU {args.gpu!r}; present: {', '.join(str(g.index) for g in reading.gpus)}", file=sys.stderr)
