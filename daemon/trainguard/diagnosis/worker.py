@@ -2,9 +2,10 @@
 
 A /proc read can block (maps and cmdline wait for the target's memory lock, which a thread
 faulting on a hung share holds), and py-spy takes seconds: the cycle hands such work to a
-job here and waits for it only up to a deadline. A job that overruns keeps its thread (a
-read stuck in the kernel cannot be cancelled); while `limit` jobs are stuck, new work is
-refused rather than piling up threads.
+job here and waits for it only up to a deadline. There is at most one job per key (per GPU,
+plus the placement scan), so the threads are bounded by the keys. A job that overruns keeps
+its thread (a read stuck in the kernel cannot be cancelled); once `limit` jobs have run longer
+than `stuck_after`, new work is refused rather than piling up threads on a wedged /proc.
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ class Job:
 
 
 class BoundedWorker:
-    def __init__(self, limit: int = 2, monotonic: Callable[[], float] = time.monotonic):
+    def __init__(self, limit: int = 2, stuck_after: float = 30.0, monotonic: Callable[[], float] = time.monotonic):
         self.limit = limit
+        self.stuck_after = stuck_after
         self.monotonic = monotonic
         self._jobs: dict[Hashable, Job] = {}
         self._lock = threading.Lock()
@@ -56,18 +58,20 @@ class BoundedWorker:
         with self._lock:
             return self._jobs.get(key)
 
-    def running(self) -> int:
+    def stuck(self) -> int:
+        """Jobs running longer than stuck_after."""
+        now = self.monotonic()
         with self._lock:
-            return sum(1 for j in self._jobs.values() if not j.done)
+            return sum(1 for j in self._jobs.values() if not j.done and now - j.started > self.stuck_after)
 
     def submit(self, key: Hashable, fn: Callable[[], Any], tag: Any = None) -> Job | None:
-        """The job for key: the one in flight, else a new one started now; None when all threads are stuck."""
+        """The job for key: the one in flight, else a new one started now; None while `limit` jobs are stuck."""
+        if self.stuck() >= self.limit:
+            return None
         with self._lock:
             job = self._jobs.get(key)
             if job is not None and not job.done:
                 return job
-            if sum(1 for j in self._jobs.values() if not j.done) >= self.limit:
-                return None
             job = Job(key, fn, tag, self.monotonic())
             self._jobs[key] = job
         threading.Thread(target=job.run, name=f"trainguard-diagnosis:{key}", daemon=True).start()
