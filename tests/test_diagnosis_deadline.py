@@ -32,13 +32,19 @@ def _gone(pid: int) -> bool:
     return False
 
 
+def _slow_diagnoser(pid: int, tmp_path, deadline: float):
+    """A diagnoser of a GPU held by pid whose py-spy never answers; I/O counters already observed."""
+    exe, pids = _hanging_py_spy(tmp_path)
+    clock, gpu = _gpu_holding(pid)
+    snapshot = Snapshot(ts=clock.now, gpus=(gpu,))
+    diagnoser = StallDiagnoser(py_spy=True, py_spy_path=exe, deadline=deadline, clock=clock)
+    diagnoser.observe(snapshot)
+    return clock, gpu, snapshot, diagnoser, pids
+
+
 def test_late_diagnosis_does_not_hold_the_alert_and_arrives_later(stuck_trainer, tmp_path):
     child, _tid, events, _fs = stuck_trainer
-    exe, pids = _hanging_py_spy(tmp_path)
-    clock, gpu = _gpu_holding(child.pid)
-    snapshot = Snapshot(ts=clock.now, gpus=(gpu,))
-    diagnoser = StallDiagnoser(py_spy=True, py_spy_path=exe, deadline=1.0, clock=clock)
-    diagnoser.observe(snapshot)
+    clock, gpu, snapshot, diagnoser, pids = _slow_diagnoser(child.pid, tmp_path, deadline=1.0)
     started = time.monotonic()
     (first,) = diagnoser.enrich([STALL], snapshot, clock.now)
     assert time.monotonic() - started < 2.0
@@ -55,11 +61,7 @@ def test_late_diagnosis_does_not_hold_the_alert_and_arrives_later(stuck_trainer,
 
 def test_close_kills_a_py_spy_still_running(stuck_trainer, tmp_path):
     child, _tid, _events, _fs = stuck_trainer
-    exe, pids = _hanging_py_spy(tmp_path)
-    clock, gpu = _gpu_holding(child.pid)
-    snapshot = Snapshot(ts=clock.now, gpus=(gpu,))
-    diagnoser = StallDiagnoser(py_spy=True, py_spy_path=exe, deadline=0.5, clock=clock)
-    diagnoser.observe(snapshot)
+    _clock, gpu, snapshot, diagnoser, pids = _slow_diagnoser(child.pid, tmp_path, deadline=0.5)
     (d,) = diagnoser.diagnose_within([gpu], snapshot)
     assert d.timed_out
     deadline = time.monotonic() + 10
