@@ -152,5 +152,5 @@ def timed_out(gpu: GpuSample, probes: Sequence[FsSample], log_lines: Sequence[Lo
         text += f"; log: {log_lines[-1].line.strip()[:160]}"
     return Diagnosis(gpu.index, gpu.name, gpu.memory_used_bytes, gpu.memory_total_bytes, tuple(util_recent),
                      stalled_for_s, views, tuple(log_lines[-10:]), text,
-                     "the next alert repeat carries the full diagnosis; or run `trainguard diagnose` now",
+                     "the alert is sent again with the full diagnosis once it is in; or run `trainguard diagnose`",
                      "none", True)
