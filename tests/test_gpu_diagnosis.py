@@ -88,8 +88,9 @@ def test_blocked_fuse_write_is_attributed_to_thread_file_and_mount(stuck_trainer
     assert thread.syscall == "write" and thread.file == str(events)
     assert view.remote_files[0].path == str(events) and view.remote_files[0].category == "tfevents"
     assert view.remote_files[0].fstype == fs.fstype
-    assert d.verdict.startswith(f"PID {child.pid} thread ")
-    assert f"blocked writing {events} on {fs.fstype}, mount unresponsive 7m" in d.verdict
+    assert d.verdict.startswith(f"PID {child.pid} [python") and " thread " in d.verdict
+    assert f"blocked writing {events} on {fs.fstype} at {fs.mountpoint}, mount unresponsive 7m" in d.verdict
+    assert d.attribution == "nvml"
     assert "local disk" in d.remedy and "flush_secs" in d.remedy
     assert d.log_lines == (log,)
     text = render(d)
@@ -196,7 +197,7 @@ def test_diagnose_command_in_a_subprocess_with_the_fake_on_pythonpath(tmp_path):
                               "--state-dir", str(tmp_path / "state")],
                              env=env, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
-        (d,) = json.loads(out.stdout)
+        (d,) = json.loads(out.stdout)["gpus"]
         assert d["processes"][0]["host_pid"] == holder.pid and d["processes"][0]["resolved"]
         assert d["util_recent"] == [0.97]  # heartbeat fresh: the fake reports the job as computing
         assert "no thread blocked on I/O" in d["verdict"]

@@ -256,6 +256,7 @@ class GpuSample:
     row_remap_pending: bool | None = None  # a remap waits for a GPU reset
     row_remap_failure: bool | None = None  # remapping failed: the GPU needs service
     xid_counts: Mapping[int, int] = field(default_factory=dict, compare=False)  # xid -> events since start
+    minor_number: int | None = None  # N of /dev/nvidiaN (nvmlDeviceGetMinorNumber)
 
     @property
     def memory_used_ratio(self) -> float | None:

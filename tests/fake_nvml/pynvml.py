@@ -18,6 +18,7 @@ Script (JSON / dict); times are seconds since t0 (script "t0" epoch, else creati
   "sample_period_s": 1.0,                # driver utilisation sample spacing
   "gpus": [{
     "name": "NVIDIA A100-SXM4-80GB", "uuid": "GPU-...", "memory_total": 85899345920,
+    "minor_number": 0,                     # N of /dev/nvidiaN (default: the index)
     "unsupported": ["nvmlDeviceGetTemperature", ...],   # always NOT_SUPPORTED
     "heartbeat": {"path": "/tmp/hb", "fresh_s": 2, "busy": 97, "idle": 0},  # util from a file's mtime
     "timeline": [                         # step function; each entry overrides the previous
@@ -264,6 +265,7 @@ _DEVICE_FUNCTIONS = (
     "nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRetiredPages",
     "nvmlDeviceGetRetiredPagesPendingStatus", "nvmlDeviceGetSupportedEventTypes", "nvmlDeviceRegisterEvents",
     "nvmlDeviceGetRemappedRows",
+    "nvmlDeviceGetMinorNumber",
 )
 API = _DEVICE_FUNCTIONS + (
     "nvmlInit", "nvmlInitWithFlags", "nvmlShutdown", "nvmlSystemGetDriverVersion", "nvmlDeviceGetCount",
@@ -278,6 +280,7 @@ class _Gpu:
         self.name = spec.get("name", "NVIDIA A100-SXM4-80GB")
         self.uuid = spec.get("uuid", "GPU-%08d-fake-0000-0000-%012d" % (index, index))
         self.memory_total = int(spec.get("memory_total", 80 * 1024**3))
+        self.minor_number = int(spec.get("minor_number", index))  # N of /dev/nvidiaN
         self.unsupported = frozenset(spec.get("unsupported", ()))
         self.heartbeat = spec.get("heartbeat")
         timeline = sorted(spec.get("timeline", [{"at": 0}]), key=lambda e: e.get("at", 0))
@@ -408,6 +411,9 @@ class FakeNvml:
     # device queries
     def nvmlDeviceGetIndex(self, handle):
         return self._device("nvmlDeviceGetIndex", handle)[0].index
+
+    def nvmlDeviceGetMinorNumber(self, handle):
+        return self._device("nvmlDeviceGetMinorNumber", handle)[0].minor_number
 
     def nvmlDeviceGetName(self, handle):
         return self._device("nvmlDeviceGetName", handle)[0].name

@@ -93,10 +93,16 @@ def test_hung_share_stalls_the_gpu_and_the_alert_says_why(share, tmp_path, http_
     assert stall_resolved.arrived_at - run.recovered_at <= (
         B_HEARTBEAT_FRESH_S + B_KEEP_FIRING_S + 2 * B_INTERVAL_S + B_DELIVERY_SLACK_S + 1)
 
-    # Each message once: firing and resolved of the two alerts, nothing else.
+    # Before anything hung, the risky placement was pointed out (info): events written on the share.
+    risky = run.first("gpu.risky_write")
+    assert risky is not None and risky.arrived_at < run.hung_at, webhook.describe(alerts)
+    assert risky.details["pid"] == run.trainer_pid and risky.details["files"] == [run.event_file]
+    assert risky.details["mountpoint"] == str(share.mountpoint) and "[[mirror]]" in risky.hint
+
+    # Each message once: firing and resolved of the two alerts, the placement note, nothing else.
     assert webhook.duplicates(alerts) == [], webhook.describe(alerts)
     assert sorted((a.kind, a.status) for a in alerts) == [
-        ("fs.unresponsive", "firing"), ("fs.unresponsive", "resolved"),
+        ("fs.unresponsive", "firing"), ("fs.unresponsive", "resolved"), ("gpu.risky_write", "firing"),
         ("gpu.stall", "firing"), ("gpu.stall", "resolved")], webhook.describe(alerts)
 
 
@@ -111,4 +117,5 @@ def test_same_hang_with_logs_on_local_disk_does_not_stall(share, tmp_path, http_
     assert run.steps_during_hang > 50
     assert len(run.util_during_hang) >= B_STALL_FOR_S / B_INTERVAL_S and min(run.util_during_hang) > 0.9
     assert webhook.find(alerts, "gpu.stall") == [], webhook.describe(alerts)
+    assert webhook.find(alerts, "gpu.risky_write") == [], webhook.describe(alerts)  # nothing risky to say
     assert webhook.duplicates(alerts) == [], webhook.describe(alerts)

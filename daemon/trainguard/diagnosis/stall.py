@@ -1,405 +1,262 @@
 """Why is this GPU stalled? The diagnosis attached to a gpu.stall alert.
 
-build_diagnosis() is pure: from a GPU sample, what /proc said about its processes,
-earlier I/O counters, the mounts' probe results and recent log matches, it names the
-blocked thread, the file it is stuck on, the filesystem and whether that mount answers,
-then gives a one-line verdict and the remedy. StallDiagnoser gathers those inputs
-(/proc reads, optional py-spy) and attaches the result to the finding.
+StallDiagnoser gathers the inputs (/proc reads, optional py-spy, the attribution of GPU
+processes in our own PID namespace when NVML's PIDs do not resolve) and hands them to the
+pure parts: diagnosis.threads (one process), diagnosis.verdict (the verdict line and
+remedy), diagnosis.render (the screen). In the daemon the gathering runs in a bounded
+worker (diagnosis.worker) with a deadline, so a slow /proc read or py-spy never holds the
+cycle; an alert whose diagnosis is late goes out with what is known and says so.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import json
-import os
-import shutil
-import subprocess
+import threading
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Callable, NamedTuple, Sequence
 
-from trainguard.records import (
-    Finding,
-    FsSample,
-    GpuSample,
-    LogMatch,
-    MountKind,
-    Snapshot,
-)
+from trainguard.diagnosis import attribution
+from trainguard.diagnosis.attribution import DeviceFiles
+from trainguard.diagnosis.model import Diagnosis, FileView, ProcessView, ThreadView, file_category
+from trainguard.diagnosis.placement import GpuProcessRef, risky_writes
+from trainguard.diagnosis.render import render
+from trainguard.diagnosis.threads import parse_py_spy_dump, python_thread_names, remote_fd_flags, view_process
+from trainguard.diagnosis.verdict import build_diagnosis, timed_out, verdict_and_remedy
+from trainguard.diagnosis.worker import BoundedWorker, Children
+from trainguard.records import Finding, GpuSample, Snapshot
 from trainguard.sources import procs
-from trainguard.sources.mounts import containing_mount
-from trainguard.sources.procs import IoCounters, ProcessInfo
-from trainguard.units import format_bytes, format_duration
+from trainguard.sources.procs import IoCounters
 
-_CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt", ".safetensors", ".bin", ".h5", ".pkl", ".npz", ".tar")
-_VERBS = {"write": "writing", "pwrite64": "writing", "writev": "writing", "pwritev": "writing",
-          "read": "reading", "pread64": "reading", "readv": "reading", "preadv": "reading",
-          "fsync": "syncing", "fdatasync": "syncing", "close": "closing", "ftruncate": "truncating",
-          "fstat": "stat-ing", "fstatfs": "statfs-ing", "fallocate": "allocating", "statfs": "statfs-ing",
-          "openat": "opening a file", "open": "opening a file", "newfstatat": "stat-ing", "statx": "stat-ing"}
+__all__ = ["Diagnosis", "FileView", "ProcessView", "StallDiagnoser", "ThreadView", "build_diagnosis",
+           "file_category", "parse_py_spy_dump", "python_thread_names", "render", "verdict_and_remedy",
+           "view_process"]
 
-
-def file_category(path: str) -> str:
-    base = os.path.basename(path)
-    if base.startswith("events.out.tfevents"):
-        return "tfevents"
-    lowered = path.lower()
-    if base.endswith(_CHECKPOINT_SUFFIXES) or "checkpoint" in lowered or "ckpt" in lowered:
-        return "checkpoint"
-    return "other"
+DEADLINE_S = 5.0  # the longest a stall alert (or `trainguard diagnose`) waits for its diagnosis
+BUDGET_S = 10.0  # the time a diagnosis job gives py-spy and the I/O probe; past DEADLINE_S it runs on alone
+PY_SPY_TIMEOUT_S = 5.0
+IO_PROBE_S = 1.0  # two I/O readings this far apart when there is no earlier one
 
 
-_CATEGORY_RANK = {"tfevents": 0, "checkpoint": 1, "other": 2}
-
-
-@dataclass(frozen=True, slots=True)
-class ThreadView:
-    tid: int
-    name: str  # Python thread name when known, else the OS name
-    os_name: str
-    state: str
-    wchan: str
-    syscall: str
-    file: str | None  # the file its blocked syscall is on, when the fd resolves
-    python_frame: str = ""  # innermost Python frame, from py-spy
-
-
-@dataclass(frozen=True, slots=True)
-class FileView:
-    fd: int
-    path: str
-    category: str  # tfevents / checkpoint / other
-    mount_point: str
-    fstype: str
-    kind: str  # fuse / network / local
-    unresponsive_for_s: float | None  # None: responsive or not probed
-
-
-@dataclass(frozen=True, slots=True)
-class ProcessView:
-    host_pid: int
+class Target(NamedTuple):
+    host_pid: int | None
     pid: int | None
-    resolved: bool
     note: str
-    cmdline: str
-    container_id: str | None
-    state: str
-    used_memory_bytes: int | None
-    blocked_threads: tuple[ThreadView, ...]
-    thread_count: int
-    io_moved: bool | None  # None: no earlier reading in the window
-    io_delta: Mapping[str, int]
-    remote_files: tuple[FileView, ...]  # on network/FUSE mounts, tfevents and checkpoints first
+    used_memory: int | None
+    inferred_from: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class Diagnosis:
-    gpu: int
-    gpu_name: str
-    memory_used_bytes: int | None
-    memory_total_bytes: int | None
-    util_recent: tuple[float, ...]
-    stalled_for_s: float | None
-    processes: tuple[ProcessView, ...]
-    log_lines: tuple[LogMatch, ...]
-    verdict: str
-    remedy: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return json.loads(json.dumps(dataclasses.asdict(self), default=str))
-
-
-# --- pure part -----------------------------------------------------------------------------
-
-def _unresponsive_for(mount_point: str, source: str, fstype: str, probes: Sequence[FsSample], now: float) -> float | None:
-    for probe in probes:
-        m = probe.mount
-        if m.mount_point == mount_point or (m.source == source and m.fstype == fstype and source):
-            if not probe.responsive:
-                return now - probe.unresponsive_since if probe.unresponsive_since is not None else 0.0
-            return None
-    return None
-
-
-def view_process(host_pid: int, pid: int | None, note: str, used_memory: int | None, info: ProcessInfo | None,
-                 io_before: IoCounters | None, probes: Sequence[FsSample], now: float,
-                 python_threads: Mapping[int, tuple[str, str]] | None = None) -> ProcessView:
-    if info is None:
-        return ProcessView(host_pid, pid, False, note or "process not readable", "", None, "?", used_memory,
-                           (), 0, None, {}, ())
-    fd_paths = {fd.fd: fd.target for fd in info.fds}
-    python_threads = python_threads or {}
-    files = []
-    for fd in info.fds:
-        if not fd.target.startswith("/"):
-            continue  # sockets, pipes, anon inodes
-        mount = containing_mount(fd.target, info.mounts)
-        if mount is None or mount.kind is MountKind.LOCAL:
-            continue
-        kind = mount.kind.value
-        files.append(FileView(fd.fd, fd.target, file_category(fd.target), mount.mount_point, mount.fstype, kind,
-                              _unresponsive_for(mount.mount_point, mount.source, mount.fstype, probes, now)))
-    files.sort(key=lambda f: (_CATEGORY_RANK[f.category], f.unresponsive_for_s is None, f.path))
-    blocked = []
-    for t in info.threads:
-        if not t.blocked:
-            continue
-        py_name, frame = python_threads.get(t.tid, ("", ""))
-        target = fd_paths.get(t.syscall_fd) if t.syscall_fd is not None else None
-        blocked.append(ThreadView(t.tid, py_name or t.name, t.name, t.state, t.wchan, t.syscall, target, frame))
-    io_delta: dict[str, int] = {}
-    moved = None
-    if io_before is not None and info.io is not None:
-        io_delta = {f: getattr(info.io, f) - getattr(io_before, f) for f in ("rchar", "wchar", "read_bytes",
-                                                                            "write_bytes")}
-        moved = any(v > 0 for v in io_delta.values())
-    return ProcessView(host_pid, pid, True, note, " ".join(info.cmdline) or info.name, info.container_id,
-                       info.state, used_memory, tuple(blocked), len(info.threads), moved, io_delta, tuple(files))
-
-
-def _file_view(path: str, views: Iterable[ProcessView]) -> FileView | None:
-    for v in views:
-        for f in v.remote_files:
-            if f.path == path:
-                return f
-    return None
-
-
-def _remedy_for(category: str, kind: str, mount_point: str, unresponsive: bool) -> str:
-    if category == "tfevents":
-        text = ("TensorBoard's event writer is stuck on the shared filesystem: log to local disk "
-                "(e.g. SummaryWriter('/tmp/runs')) and sync to the share in the background (rsync); "
-                "if it must stay there, raise flush_secs and lower max_queue")
-    elif category == "checkpoint":
-        text = ("save checkpoints to local disk first and copy them to the share in the background "
-                "(rsync / a separate process), so a slow share cannot stall training")
-    else:
-        text = f"move this file off {mount_point} to local disk and sync it in the background"
-    if unresponsive:
-        text += (f". {mount_point} is not answering: check its {'FUSE daemon' if kind == 'fuse' else 'server/network'}; "
-                 "the job continues by itself if the mount recovers")
-    return text
-
-
-def verdict_and_remedy(views: Sequence[ProcessView], log_lines: Sequence[LogMatch]) -> tuple[str, str]:
-    def who(v: ProcessView, t: ThreadView) -> str:
-        return f"PID {v.host_pid} thread {t.name}" + (f" ({t.os_name})" if t.os_name != t.name else "")
-
-    # 1. a thread blocked in a syscall on a file we can name
-    candidates = []
-    for v in views:
-        for t in v.blocked_threads:
-            if t.file:
-                f = _file_view(t.file, [v])
-                candidates.append((0 if f and f.kind != "local" else 1,
-                                   _CATEGORY_RANK[file_category(t.file)], v, t, f))
-    if candidates:
-        candidates.sort(key=lambda c: (c[0], c[1]))
-        _, _, v, t, f = candidates[0]
-        verb = _VERBS.get(t.syscall, f"in {t.syscall}() on")
-        text = f"{who(v, t)} blocked {verb} {t.file}"
-        if f is not None:
-            text += f" on {f.fstype}"
-            if f.unresponsive_for_s is not None:
-                text += f", mount unresponsive {format_duration(f.unresponsive_for_s)}"
-            return text, _remedy_for(f.category, f.kind, f.mount_point, f.unresponsive_for_s is not None)
-        return text + " (local disk)", "check that disk's health and load (iostat -x); the write is not progressing"
-    # 2. a thread in a filesystem wait, and the process has files on a network/FUSE mount
-    for v in views:
-        for t in v.blocked_threads:
-            if v.remote_files:
-                f = v.remote_files[0]
-                text = (f"{who(v, t)} blocked in {t.wchan or t.state} (filesystem wait); "
-                        f"it has {f.path} open on {f.fstype}")
-                if f.unresponsive_for_s is not None:
-                    text += f", mount unresponsive {format_duration(f.unresponsive_for_s)}"
-                return text, _remedy_for(f.category, f.kind, f.mount_point, f.unresponsive_for_s is not None)
-    for v in views:
-        for t in v.blocked_threads:
-            return (f"{who(v, t)} blocked in {t.wchan or 'uninterruptible I/O'} ({t.state} state)",
-                    "find the file it waits on (ls -l /proc/PID/fd, cat /proc/PID/task/TID/stack) and the mount under it")
-    unresolved = [v for v in views if not v.resolved]
-    log_part = f"; log: {log_lines[-1].line.strip()[:160]}" if log_lines else ""
-    if views and len(unresolved) == len(views):
-        return ("cannot inspect the GPU's processes: " + unresolved[0].note + log_part,
-                "run trainguard in the host PID namespace (container: pid: host) to attribute the stall")
-    moving = [v for v in views if v.io_moved]
-    if moving:
-        return (f"no thread blocked on I/O; PID {moving[0].host_pid} is still reading/writing (I/O counters moved)"
-                + log_part, "it may be loading data or saving slowly: check the data loader and the storage throughput")
-    if log_lines:
-        return (f"no thread blocked on I/O; log: {log_lines[-1].line.strip()[:200]}",
-                "the training loop likely died or waits after this error: check the log and restart the job")
-    return ("no thread blocked on I/O and no I/O progress",
-            "dump the Python stacks (py-spy dump --pid PID) to see what it waits on: a data loader, an NCCL "
-            "collective waiting for another rank, or a lock")
-
-
-def build_diagnosis(gpu: GpuSample, views: Sequence[ProcessView], log_lines: Sequence[LogMatch],
-                    util_recent: Sequence[float] = (), stalled_for_s: float | None = None) -> Diagnosis:
-    verdict, remedy = verdict_and_remedy(views, log_lines)
-    return Diagnosis(gpu.index, gpu.name, gpu.memory_used_bytes, gpu.memory_total_bytes, tuple(util_recent),
-                     stalled_for_s, tuple(views), tuple(log_lines[-10:]), verdict, remedy)
-
-
-def render(d: Diagnosis) -> str:
-    """The diagnosis as a screen of text (trainguard diagnose / status)."""
-    lines = [f"GPU {d.gpu} {d.gpu_name}: VRAM {format_bytes(d.memory_used_bytes)}/{format_bytes(d.memory_total_bytes)}"
-             + (f", stalled {format_duration(d.stalled_for_s)}" if d.stalled_for_s else "")]
-    if d.util_recent:
-        lines.append("  utilisation: " + " ".join(f"{u:.0%}" for u in d.util_recent[-20:]))
-    for v in d.processes:
-        head = f"  PID {v.host_pid}"
-        if v.pid is not None and v.pid != v.host_pid:
-            head += f" (here {v.pid})"
-        if not v.resolved:
-            lines.append(f"{head}: {v.note}")
-            continue
-        head += f" [{v.state}] {' '.join(v.cmdline.split())[:120]}"
-        if v.container_id:
-            head += f" container {v.container_id[:12]}"
-        if v.used_memory_bytes is not None:
-            head += f", {format_bytes(v.used_memory_bytes)} VRAM"
-        lines.append(head)
-        if v.io_moved is not None:
-            lines.append("    I/O counters " + ("moved: " + ", ".join(f"{k}+{format_bytes(n)}" for k, n in v.io_delta.items() if n)
-                                               if v.io_moved else "did not move"))
-        for t in v.blocked_threads:
-            lines.append(f"    thread {t.tid} {t.name}: {t.state} in {t.wchan or '?'}"
-                         + (f", {t.syscall}({t.file})" if t.file else f", {t.syscall}()" if t.syscall else "")
-                         + (f"  [{t.python_frame}]" if t.python_frame else ""))
-        if not v.blocked_threads:
-            lines.append(f"    no blocked threads ({v.thread_count} threads)")
-        for f in v.remote_files[:8]:
-            state = f", UNRESPONSIVE {format_duration(f.unresponsive_for_s)}" if f.unresponsive_for_s is not None else ""
-            lines.append(f"    open: {f.path} ({f.fstype} at {f.mount_point}{state})")
-    for m in d.log_lines[-5:]:
-        lines.append(f"  log {m.path}: {m.line.strip()[:160]}")
-    lines.append(f"  verdict: {d.verdict}")
-    lines.append(f"  remedy: {d.remedy}")
-    return "\n".join(lines)
-
-
-# --- gathering -------------------------------------------------------------------------------
-
-def parse_py_spy_dump(text: str) -> dict[int, tuple[str, str]]:
-    """`py-spy dump --json` -> {os thread id: (Python thread name, innermost frame)}."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError:
-        return {}
-    threads = data if isinstance(data, list) else data.get("threads", []) if isinstance(data, dict) else []
-    # Newer py-spy wraps the dump per process: [{"pid":..., "threads": [...]}]
-    if threads and isinstance(threads[0], dict) and "threads" in threads[0]:
-        threads = [t for proc in threads for t in proc.get("threads", [])]
-    names: dict[int, tuple[str, str]] = {}
-    for t in threads:
-        tid = t.get("os_thread_id") or t.get("native_thread_id")
-        if not tid:
-            continue
-        frames = t.get("frames") or []
-        frame = ""
-        if frames:
-            f0 = frames[0]
-            frame = f"{os.path.basename(str(f0.get('filename', '')))}:{f0.get('line', '?')} {f0.get('name', '')}"
-        names[int(tid)] = (str(t.get("thread_name") or ""), frame)
-    return names
-
-
-def python_thread_names(pid: int, timeout: float = 5.0, py_spy: str | None = None) -> dict[int, tuple[str, str]]:
-    """Python thread names via py-spy when installed; {} otherwise. Never pauses the target."""
-    exe = py_spy or shutil.which("py-spy")
-    if not exe:
-        return {}
-    try:
-        out = subprocess.run([exe, "dump", "--pid", str(pid), "--json", "--nonblocking"], capture_output=True,
-                             text=True, timeout=timeout, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    return parse_py_spy_dump(out.stdout) if out.returncode == 0 else {}
+def _util(gpu: GpuSample) -> tuple[float, ...]:
+    return tuple(u for u in (gpu.util_ratio,) if u is not None)
 
 
 class StallDiagnoser:
     """Keeps I/O counters of GPU processes across cycles and diagnoses stalls on demand."""
 
     def __init__(self, proc_root: str = "/proc", *, window: float = 300.0, py_spy: bool = True,
-                 clock: Callable[[], float] = time.time, machine: str | None = None):
+                 clock: Callable[[], float] = time.time, machine: str | None = None,
+                 deadline: float = DEADLINE_S, devices: DeviceFiles = attribution.DEFAULT_DEVICES,
+                 monotonic: Callable[[], float] = time.monotonic, py_spy_path: str | None = None):
         self.proc_root = proc_root
         self.window = window
         self.py_spy = py_spy
+        self.py_spy_path = py_spy_path  # None: py-spy on PATH
         self.clock = clock
         self.machine = machine
+        self.deadline = deadline
+        self.devices = devices
+        self.monotonic = monotonic
+        self.worker = BoundedWorker(monotonic=monotonic)
+        self.children = Children()
         self._io: dict[int, collections.deque[tuple[float, IoCounters]]] = {}
+        self._watch: set[int] = set()  # inferred GPU processes: their I/O is read every cycle too
+        self._lock = threading.Lock()  # _io and _watch: the cycle writes, the worker reads
         # A firing stall is re-diagnosed at most this often (thread scans and py-spy are not free).
         self.refresh = 60.0
         self._cache: dict[int, tuple[float, Diagnosis]] = {}
+        self._late: set[str] = set()  # stall keys whose alert carried a timed-out diagnosis
+        self._updates: set[str] = set()  # ... and whose full diagnosis has arrived since
+        self._placement: tuple[float, list[Finding]] = (float("-inf"), [])
+
+    # --- I/O counters across cycles ---------------------------------------------------------
 
     def observe(self, snapshot: Snapshot) -> None:
-        """Record I/O counters of every resolved GPU process (one small read each)."""
-        seen = set()
-        for g in snapshot.gpus:
-            for p in g.processes:
-                if p.pid is None or p.pid in seen:
-                    continue
-                seen.add(p.pid)
-                io = procs.read_io(self.proc_root, p.pid)
+        """Record I/O counters of every resolved or inferred GPU process (one small read each)."""
+        with self._lock:
+            pids = {p.pid for g in snapshot.gpus for p in g.processes if p.pid is not None} | self._watch
+            for pid in pids:
+                io = procs.read_io(self.proc_root, pid)
                 if io is None:
+                    self._watch.discard(pid)
                     continue
-                ring = self._io.setdefault(p.pid, collections.deque())
+                ring = self._io.setdefault(pid, collections.deque())
                 ring.append((snapshot.ts, io))
                 while len(ring) > 1 and ring[1][0] <= snapshot.ts - self.window:
                     ring.popleft()
-        for pid in list(self._io):
-            if pid not in seen:
-                del self._io[pid]
+            for pid in list(self._io):
+                if pid not in pids:
+                    del self._io[pid]
+
+    def watch_inferred(self, gpus: Sequence[GpuSample]) -> None:
+        """Find the inferred GPU processes now (in the worker, at most the deadline) so that the next
+        observe() reads their I/O counters too: a one-shot diagnose then needs no extra I/O probe."""
+        wanted = [g for g in gpus if attribution.needs_inference(g)]
+        if wanted:
+            job = self.worker.submit("watch", lambda: [self.targets(g) for g in wanted])
+            if job is not None:
+                job.wait(self.deadline)
 
     def io_before(self, pid: int) -> IoCounters | None:
-        ring = self._io.get(pid)
-        return ring[0][1] if ring else None
+        with self._lock:
+            ring = self._io.get(pid)
+            return ring[0][1] if ring else None
+
+    # --- the slow part (a worker thread in the daemon) -------------------------------------
+
+    def targets(self, gpu: GpuSample) -> list[Target]:
+        """The processes to inspect: NVML's resolved PIDs, and when some do not resolve (or NVML names
+        none) the candidates of our namespace, inferred from the NVIDIA files they hold."""
+        out = [Target(p.host_pid, p.pid, p.note, p.used_memory_bytes) for p in gpu.processes if p.pid is not None]
+        if not attribution.needs_inference(gpu):
+            return out
+        inferred = attribution.attribute(gpu, attribution.scan_holders(self.proc_root, self.devices))
+        with self._lock:
+            self._watch.update(i.pid for i in inferred)
+        paired = {i.host_pid for i in inferred}
+        out += [Target(p.host_pid, None, p.note, p.used_memory_bytes)
+                for p in gpu.processes if p.pid is None and p.host_pid not in paired]
+        out += [Target(i.host_pid, i.pid, "", i.used_memory_bytes, i.evidence) for i in inferred]
+        return out
+
+    def _view(self, t: Target, snapshot: Snapshot, now: float, deadline_at: float) -> ProcessView:
+        info = procs.inspect_process(self.proc_root, t.pid, self.machine) if t.pid is not None else None
+        if info is None:
+            return view_process(t.host_pid, t.pid, t.note, t.used_memory, None, None, (), now,
+                                inferred_from=t.inferred_from)
+        before = self.io_before(t.pid) if t.pid is not None else None
+        if before is None and info.io is not None:
+            time.sleep(max(0.0, min(IO_PROBE_S, (deadline_at - self.monotonic()) / 4)))
+            before, info = info.io, dataclasses.replace(info, io=procs.read_io(self.proc_root, info.pid))
+        py_names = {}
+        if self.py_spy and any(thread.blocked for thread in info.threads):
+            py_names = python_thread_names(info.pid, min(PY_SPY_TIMEOUT_S, deadline_at - self.monotonic()),
+                                           self.py_spy_path, self.children)
+        return view_process(t.host_pid, t.pid, t.note, t.used_memory, info, before, snapshot.filesystems, now,
+                            py_names, flags=remote_fd_flags(self.proc_root, info), inferred_from=t.inferred_from)
 
     def diagnose(self, gpu: GpuSample, snapshot: Snapshot, now: float | None = None,
                  util_recent: Sequence[float] = (), stalled_for_s: float | None = None) -> Diagnosis:
+        """The full diagnosis, synchronously (the worker runs this; so does a test)."""
         now = self.clock() if now is None else now
-        views = []
-        for p in gpu.processes:
-            info = procs.inspect_process(self.proc_root, p.pid, self.machine) if p.pid is not None else None
-            py_names = {}
-            if info is not None and self.py_spy and any(t.blocked for t in info.threads):
-                py_names = python_thread_names(p.pid)  # type: ignore[arg-type]
-            views.append(view_process(p.host_pid, p.pid, p.note, p.used_memory_bytes, info,
-                                      self.io_before(p.pid) if p.pid is not None else None,
-                                      snapshot.filesystems, now, py_names))
+        deadline_at = self.monotonic() + BUDGET_S
+        views = [self._view(t, snapshot, now, deadline_at) for t in self.targets(gpu)]
         return build_diagnosis(gpu, views, snapshot.log_matches, util_recent, stalled_for_s)
 
-    def enrich(self, findings: Sequence[Finding], snapshot: Snapshot, now: float | None = None) -> list[Finding]:
-        """Attach a diagnosis to every gpu.stall finding: details, verdict in summary, remedy as hint."""
+    def diagnose_within(self, gpus: Sequence[GpuSample], snapshot: Snapshot,
+                        now: float | None = None) -> list[Diagnosis]:
+        """diagnose() of each GPU in the worker, all waited for at most the deadline together; a late one
+        is what is known without /proc, marked timed out (trainguard diagnose)."""
+        when = self.clock() if now is None else now
+        wait_until = self.monotonic() + self.deadline
+        jobs = [(g, self.worker.submit(("diagnose", g.index),
+                                       lambda g=g: self.diagnose(g, snapshot, when, _util(g)))) for g in gpus]
         out = []
+        for gpu, job in jobs:
+            if job is not None and job.wait(wait_until - self.monotonic()) and job.result is not None:
+                out.append(job.result)
+            else:
+                out.append(timed_out(gpu, snapshot.filesystems, snapshot.log_matches, self.deadline, _util(gpu)))
+        return out
+
+    def close(self) -> None:
+        """Kill and reap any py-spy still running; jobs stuck in a /proc read are left to the kernel."""
+        self.children.kill_all()
+
+    # --- the cycle's side: never blocks past the deadline ----------------------------------
+
+    def _harvest(self, index: int) -> tuple[float, Diagnosis] | None:
+        cached = self._cache.get(index)
+        job = self.worker.latest(("stall", index))
+        if job is not None and job.done and job.result is not None and (cached is None or job.tag > cached[0]):
+            cached = self._cache[index] = (job.tag, job.result)
+        return cached
+
+    def _diagnosis_for(self, gpu: GpuSample, snapshot: Snapshot, when: float, util: tuple[float, ...],
+                       stalled: float | None, wait_until: float) -> Diagnosis:
+        cached = self._harvest(gpu.index)
+        if cached is not None and when - cached[0] < self.refresh:
+            return dataclasses.replace(cached[1], util_recent=util, stalled_for_s=stalled)
+        job = self.worker.submit(("stall", gpu.index),
+                                 lambda: self.diagnose(gpu, snapshot, when, util, stalled), tag=when)
+        if cached is not None:  # a refresh: the previous diagnosis goes on until the new one is in
+            return dataclasses.replace(cached[1], util_recent=util, stalled_for_s=stalled)
+        if job is not None and job.wait(min(wait_until, job.started + self.deadline) - self.monotonic()):
+            cached = self._harvest(gpu.index)
+            if cached is not None:
+                return dataclasses.replace(cached[1], util_recent=util, stalled_for_s=stalled)
+        return timed_out(gpu, snapshot.filesystems, snapshot.log_matches, self.deadline, util, stalled)
+
+    def enrich(self, findings: Sequence[Finding], snapshot: Snapshot, now: float | None = None) -> list[Finding]:
+        """Attach a diagnosis to every gpu.stall finding: details, verdict in summary, remedy as hint.
+
+        Waits for a new stall's diagnosis at most `deadline` seconds in all; a refresh never waits."""
         gpus = {g.index: g for g in snapshot.gpus}
         stalled = {int(f.details.get("gpu", -1)) for f in findings if f.kind == "gpu.stall"}
         for index in list(self._cache):
             if index not in stalled:
                 del self._cache[index]  # a new stall gets a fresh diagnosis
+        self._late &= {f.key for f in findings}
+        wait_until = self.monotonic() + self.deadline
+        out = []
         for finding in findings:
-            if finding.kind != "gpu.stall":
-                out.append(finding)
-                continue
-            gpu = gpus.get(int(finding.details.get("gpu", -1)))
+            gpu = gpus.get(int(finding.details.get("gpu", -1))) if finding.kind == "gpu.stall" else None
             if gpu is None:
                 out.append(finding)
                 continue
             when = self.clock() if now is None else now
-            cached = self._cache.get(gpu.index)
-            if cached is not None and when - cached[0] < self.refresh:
-                d = dataclasses.replace(cached[1], util_recent=tuple(finding.details.get("util_recent", ())),
-                                        stalled_for_s=finding.details.get("stalled_for_s"))
-            else:
-                d = self.diagnose(gpu, snapshot, when, finding.details.get("util_recent", ()),
-                                  finding.details.get("stalled_for_s"))
-                self._cache[gpu.index] = (when, d)
-            details = dict(finding.details)
-            details["diagnosis"] = d.to_dict()
-            details["verdict"] = d.verdict
+            d = self._diagnosis_for(gpu, snapshot, when, tuple(finding.details.get("util_recent", ())),
+                                    finding.details.get("stalled_for_s"), wait_until)
+            if d.timed_out:
+                self._late.add(finding.key)
+            elif finding.key in self._late:
+                self._late.discard(finding.key)
+                self._updates.add(finding.key)
+            details = {**finding.details, "diagnosis": d.to_dict(), "verdict": d.verdict,
+                       "attribution": d.attribution, "diagnosis_timed_out": d.timed_out}
             out.append(dataclasses.replace(finding, summary=f"{finding.summary} — {d.verdict}",
                                            details=details, hint=d.remedy))
         return out
+
+    def take_updates(self) -> set[str]:
+        """Keys of stall alerts sent with a timed-out diagnosis whose full one is now attached: send again."""
+        updates, self._updates = self._updates, set()
+        return updates
+
+    # --- prevention --------------------------------------------------------------------------
+
+    def gpu_processes(self, snapshot: Snapshot) -> list[GpuProcessRef]:
+        """Every GPU process we can inspect: NVML's resolved PIDs and the inferred ones."""
+        refs = [GpuProcessRef(p.pid, g.index) for g in snapshot.gpus for p in g.processes if p.pid is not None]
+        unresolved = [g for g in snapshot.gpus if not g.lost and attribution.needs_inference(g)]
+        if unresolved:
+            holders = attribution.scan_holders(self.proc_root, self.devices)
+            refs += [GpuProcessRef(i.pid, g.index, i.evidence) for g in unresolved
+                     for i in attribution.attribute(g, holders)]
+        return refs
+
+    def risky_writes(self, snapshot: Snapshot, now: float | None = None) -> list[Finding]:
+        """gpu.risky_write findings now, synchronously."""
+        now = self.clock() if now is None else now
+        return risky_writes(self.gpu_processes(snapshot), self.proc_root, snapshot.filesystems, now)
+
+    def placement(self, snapshot: Snapshot, now: float | None = None) -> list[Finding]:
+        """The latest risky-write findings; a new scan runs in the worker every `refresh` seconds."""
+        now = self.clock() if now is None else now
+        if not snapshot.gpus:
+            return []
+        job = self.worker.latest("placement")
+        if job is not None and job.done and job.result is not None and job.tag > self._placement[0]:
+            self._placement = (job.tag, job.result)
+        if now - self._placement[0] >= self.refresh:
+            self.worker.submit("placement", lambda: self.risky_writes(snapshot, now), tag=now)
+        return list(self._placement[1])

@@ -143,10 +143,13 @@ class Daemon:
         problem = self.writes.problem()
         if problem is not None:
             findings.append(unwritable_finding(problem, self.state_dir, now))
+        # Diagnosis and the risky-placement scan run in the diagnoser's worker; a new stall waits for
+        # its diagnosis at most the diagnoser's deadline.
         self.diagnoser.observe(snapshot)
-        findings = self.diagnoser.enrich(findings, snapshot, now)
+        findings = self.diagnoser.enrich(findings, snapshot, now) + self.diagnoser.placement(snapshot, now)
         events = self._with_cleanup(self.lifecycle.update(findings, now), now)
         events += [AlertEvent(AlertStatus.FIRING, f, started_at=now, ts=now) for f in self.guard_inbox.drain()]
+        events += self._late_diagnoses(findings, events, now)
         for notifier in self.notifiers:
             try:
                 notifier.notify(events)
@@ -205,6 +208,16 @@ class Daemon:
             if mount in self.cleanup_notes and event.finding.key.startswith("fs."):
                 details = {**event.finding.details, "action_taken": self.cleanup_notes[mount][1]}
                 out[i] = replace(event, finding=replace(event.finding, details=details))
+        return out
+
+    def _late_diagnoses(self, findings: Sequence[Finding], events: Sequence[AlertEvent], now: float) -> list[AlertEvent]:
+        """A stall alert that went out before its diagnosis was in is sent again once the diagnosis is."""
+        due = self.diagnoser.take_updates() - {e.finding.key for e in events}
+        out = []
+        for f in findings:
+            state = self.lifecycle.states.get(f.key) if f.key in due else None
+            if state is not None and state.firing_since is not None:
+                out.append(AlertEvent(AlertStatus.FIRING, f, started_at=state.firing_since, ts=now, repeat=True))
         return out
 
     def _readings(self, result: CycleResult, now: float) -> Readings:
@@ -279,6 +292,7 @@ class Daemon:
             self.start_metrics()
         self.samplers.close()
         self.samplers = Samplers.from_config(cfg, self.clock, nvml=self.nvml, follow_logs=True)
+        self.diagnoser.close()
         self.diagnoser = self._make_diagnoser(cfg)
         self.lifecycle.configure(repeat_interval=cfg.alerts.repeat_interval,
                                  keep_firing_for=cfg.alerts.keep_firing_for)
@@ -359,6 +373,7 @@ class Daemon:
         self.sd.stopping()
         self.stop_metrics()
         self.samplers.close()
+        self.diagnoser.close()
         if self.cleanup is not None:
             self.cleanup.stop()
         if self.mirror is not None:

@@ -105,7 +105,7 @@ class GpuSampler:
         self.xid_events = xid_events
         self._initialised = False
         self._handles: dict[int, Any] = {}
-        self._identity: dict[int, tuple[str, str]] = {}
+        self._identity: dict[int, tuple[str, str, int | None]] = {}
         self._absent: set[tuple[int, str]] = set()
         self._memory_v2 = True
         self._last_util_ts: dict[int, int] = {}
@@ -235,7 +235,7 @@ class GpuSampler:
         if retry <= now:
             delay = min(delay * 2, self.retry_max)
             self._lost_retry[index] = (now + delay, delay)
-        uuid, name = self._identity.get(index, ("", ""))
+        uuid, name, _minor = self._identity.get(index, ("", "", None))
         return GpuSample(index, uuid, name, now, lost=True, errors={"gpu": detail},
                          xid_counts=dict(self._xid_counts.get(index, {})))
 
@@ -255,8 +255,9 @@ class GpuSampler:
         try:
             if index not in self._identity:
                 self._identity[index] = (str(q("uuid", "nvmlDeviceGetUUID", handle) or ""),
-                                         str(q("name", "nvmlDeviceGetName", handle) or ""))
-            uuid, name = self._identity[index]
+                                         str(q("name", "nvmlDeviceGetName", handle) or ""),
+                                         q("minor_number", "nvmlDeviceGetMinorNumber", handle))
+            uuid, name, minor = self._identity[index]
             used, total = self._memory(q, handle)
             util, util_max, mem_util = self._utilisation(q, index, handle)
             temperature = q("temperature", "nvmlDeviceGetTemperature", handle, getattr(nvml, "NVML_TEMPERATURE_GPU", 0))
@@ -282,7 +283,7 @@ class GpuSampler:
             throttle_reasons=int(throttle) if throttle is not None else None,
             processes=self._processes(procs),
             xid_events=xids, xid_counts=dict(self._xid_counts.get(index, {})),
-            errors=q.errors, **health,
+            errors=q.errors, minor_number=int(minor) if minor is not None else None, **health,
         )
 
     def _memory(self, q: Query, handle: Any) -> tuple[int | None, int | None]:

@@ -216,6 +216,53 @@ def read_fds(proc_root: str, pid: int) -> tuple[OpenFd, ...]:
     return tuple(sorted(fds, key=lambda f: f.fd))
 
 
+def list_pids(proc_root: str) -> list[int]:
+    """Every process visible in proc_root, in PID order ([] when it cannot be listed)."""
+    try:
+        return sorted(int(name) for name in os.listdir(proc_root) if name.isdigit())
+    except OSError:
+        return []
+
+
+def read_fd_flags(proc_root: str, pid: int, fd: int) -> int | None:
+    """The open flags of one fd (fdinfo "flags:", octal), or None when gone or unreadable."""
+    text = _read(f"{proc_root}/{pid}/fdinfo/{fd}")
+    for line in (text or "").splitlines():
+        key, _, value = line.partition(":")
+        if key == "flags":
+            try:
+                return int(value.strip(), 8)
+            except ValueError:
+                return None
+    return None
+
+
+def open_for_writing(flags: int | None) -> bool:
+    return flags is not None and flags & (os.O_WRONLY | os.O_RDWR) != 0
+
+
+def read_environ(proc_root: str, pid: int, names: tuple[str, ...]) -> dict[str, str]:
+    """The named variables from the environment the process started with (not later changes)."""
+    text = _read(f"{proc_root}/{pid}/environ") or ""
+    found = {}
+    for entry in text.split("\0"):
+        key, sep, value = entry.partition("=")
+        if sep and key in names:
+            found[key] = value
+    return found
+
+
+def mapped_files(proc_root: str, pid: int, pattern: "re.Pattern[str]") -> tuple[str, ...]:
+    """Paths mapped into the process whose name matches pattern (/proc/PID/maps), each once."""
+    text = _read(f"{proc_root}/{pid}/maps") or ""
+    seen: dict[str, None] = {}
+    for line in text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) == 6 and parts[5].startswith("/") and pattern.search(parts[5]):
+            seen.setdefault(parts[5], None)
+    return tuple(seen)
+
+
 def inspect_process(proc_root: str, pid: int, machine: str | None = None) -> ProcessInfo | None:
     """Everything the stall diagnosis needs about one process; None when it does not exist."""
     status_text = _read(f"{proc_root}/{pid}/status")

@@ -194,8 +194,9 @@ def build(cfg: configmod.Config, *, state_dir: str | None = None, clock: Clock |
     used = used_history(conn, now)
     inp = DetectorInput(cfg, history, snapshot, now, active)
     findings = evaluate(inp)
-    findings = StallDiagnoser(cfg.general.proc_root, py_spy=cfg.gpu.py_spy, clock=clock.time).enrich(
-        findings, snapshot, now)
+    diagnoser = StallDiagnoser(cfg.general.proc_root, py_spy=cfg.gpu.py_spy, clock=clock.time)
+    findings = diagnoser.enrich(findings, snapshot, now)  # waits at most the diagnosis deadline
+    diagnoser.close()  # a py-spy still running is not left behind
     samplers.close()
     doc: dict[str, Any] = {
         "version": SCHEMA_VERSION,
