@@ -142,7 +142,11 @@ def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ConfigError(str(path), ["permission denied (cannot read the file)"]) from None
     except OSError as exc:
         raise ConfigError(str(path), [f"cannot be opened: {exc.strerror}"]) from None
-    mode = os.fstat(fd).st_mode
+    st = os.fstat(fd)
+    mode = st.st_mode
+    if stat.S_ISCHR(mode) and st.st_rdev == os.stat(os.devnull).st_rdev:
+        os.close(fd)
+        return {}  # --config /dev/null: explicitly no file, the built-in defaults
     if not stat.S_ISREG(mode):
         os.close(fd)
         if stat.S_ISDIR(mode):
