@@ -16,6 +16,8 @@ from trainguard import config as configmod
 from trainguard.actions.mirror.worker import dest_problem
 from trainguard.records import AlertStatus, FsSample, Mount, MountKind, Snapshot
 from trainguard.service.daemon import Daemon
+from trainguard.store.state import read_only
+from trainguard.surfaces.status import mirrors_doc, with_mirrors
 
 from tests.support.cli import cli_env
 from tests.support.clock import FakeClock
@@ -70,6 +72,10 @@ def test_hung_share_keeps_the_daemon_responsive_and_lag_fires_then_resolves(tmp_
         while worker.activity("runs")[0] != "mkdir" and time.monotonic() < deadline:
             time.sleep(0.01)  # its last report line ("about to mkdir on the share") is on its way
         assert worker.activity("runs")[0] == "mkdir"
+        conn = read_only(str(tmp_path / "state"))  # what `trainguard status` reads while the first round hangs
+        [doc] = mirrors_doc(with_mirrors(Snapshot(ts=clock.time()), cfg, conn), cfg, clock.time())
+        conn.close()
+        assert doc["pending_files"] == 1 and doc["pending_bytes"] == 50_000
         key = "mirror.lag:runs"
         fired_at = None
         while fired_at is None:
