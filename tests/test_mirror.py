@@ -262,3 +262,27 @@ def test_a_missing_source_is_the_reason_and_keeps_what_was_pending(tmp_path):
     state = runner.run()
     assert state.reason_kind == "error" and "unreadable: No such file or directory" in state.reason
     assert (state.pending_files, state.oldest_pending) == (0, None)
+
+
+def test_names_that_are_not_utf8_are_copied_byte_for_byte(tmp_path):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    name = os.fsencode(src) + b"/run-\xff/loss-\xe9.log"
+    os.makedirs(os.path.dirname(name))
+    with open(name, "wb") as f:
+        f.write(b"latin-1 name\n")
+    state = runner_for(tmp_path, src, dst).run()
+    assert (state.pending_files, state.reason) == (0, "")
+    with open(os.fsencode(dst) + b"/run-\xff/loss-\xe9.log", "rb") as f:
+        assert f.read() == b"latin-1 name\n"
+
+
+@pytest.mark.parametrize(("table", "words"), [
+    ({"patterns": ["/root/autodl-tmp/runs/*.pt"]}, "patterns entry '/root/autodl-tmp/runs/*.pt' must be a glob "
+                                                   "relative to source"),
+    ({"exclude": ["../other/**"]}, "exclude entry '../other/**' must be a glob relative to source"),
+    ({"dest": "/local/runs/share"}, "dest '/local/runs/share' is inside source '/local/runs'"),
+])
+def test_bad_mirror_tables_get_one_line_naming_the_key(table, words):
+    with pytest.raises(configmod.ConfigError) as caught:
+        configmod.parse({"mirror": [{"name": "runs", "source": "/local/runs", "dest": "/share/runs", **table}]}, "t")
+    assert words in str(caught.value)

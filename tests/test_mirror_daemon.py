@@ -16,27 +16,18 @@ from trainguard import config as configmod
 from trainguard.actions.mirror.worker import dest_problem
 from trainguard.records import AlertStatus, FsSample, Mount, MountKind, Snapshot
 from trainguard.service.daemon import Daemon
+from trainguard.store.state import read_only
+from trainguard.surfaces.status import mirrors_doc, with_mirrors
 
 from tests.support.cli import cli_env
 from tests.support.clock import FakeClock
+from tests.support.fake_daemon import Recorder
 
 INTERVAL, EVERY, LAG, FILE_TIMEOUT = 10.0, 60.0, 300.0, 120.0
 
 
-class Events:
-    """A notifier that keeps every event."""
-
-    def __init__(self):
-        self.events = []
-
-    def notify(self, events):
-        self.events.extend(events)
-
-    def close(self):
-        pass
-
-    def of(self, key, status):
-        return [e for e in self.events if e.finding.key == key and e.status is status]
+def of(recorder: Recorder, key: str, status: AlertStatus) -> list:
+    return [e for e in recorder.events if e.finding.key == key and e.status is status]
 
 
 def metrics(daemon: Daemon) -> dict[tuple[str, str], float]:
@@ -70,7 +61,7 @@ def test_hung_share_keeps_the_daemon_responsive_and_lag_fires_then_resolves(tmp_
                     "lag_warning": f"{LAG}s", "file_timeout": f"{FILE_TIMEOUT}s"}],
     }, "test")
     slowfs.block("all")  # the share hangs before the first copy
-    notes = Events()
+    notes = Recorder()
     daemon = Daemon(configmod.Loaded(cfg, "test"), clock=clock, state_dir=str(tmp_path / "state"), notifiers=[notes])
     daemon.start_metrics()
     worker = daemon.mirror
@@ -81,13 +72,17 @@ def test_hung_share_keeps_the_daemon_responsive_and_lag_fires_then_resolves(tmp_
         while worker.activity("runs")[0] != "mkdir" and time.monotonic() < deadline:
             time.sleep(0.01)  # its last report line ("about to mkdir on the share") is on its way
         assert worker.activity("runs")[0] == "mkdir"
+        conn = read_only(str(tmp_path / "state"))  # what `trainguard status` reads while the first round hangs
+        [doc] = mirrors_doc(with_mirrors(Snapshot(ts=clock.time()), cfg, conn), cfg, clock.time())
+        conn.close()
+        assert doc["pending_files"] == 1 and doc["pending_bytes"] == 50_000
         key = "mirror.lag:runs"
         fired_at = None
         while fired_at is None:
             timed_cycle(daemon)
             assert metrics(daemon)[("trainguard_mirror_lag_seconds", "runs")] == pytest.approx(
                 clock.time() - changed_at, abs=1.0)
-            if notes.of(key, AlertStatus.FIRING):
+            if of(notes, key, AlertStatus.FIRING):
                 fired_at = clock.time()
                 break
             assert clock.time() - changed_at <= LAG + INTERVAL, "mirror.lag fires within its threshold + one interval"
@@ -95,7 +90,7 @@ def test_hung_share_keeps_the_daemon_responsive_and_lag_fires_then_resolves(tmp_
             if clock.time() - changed_at >= FILE_TIMEOUT and worker.rounds("runs") == 0:
                 assert worker.wait_rounds("runs", 1, timeout=10), "the stuck copy is given up after file_timeout"
         assert fired_at - changed_at > LAG
-        finding = notes.of(key, AlertStatus.FIRING)[0].finding
+        finding = of(notes, key, AlertStatus.FIRING)[0].finding
         assert "dest unresponsive" in finding.summary and "no progress for 2m" in finding.summary
         assert finding.details["pending_files"] == 1
         assert metrics(daemon)[("trainguard_mirror_errors_total", "runs")] >= 1
@@ -105,7 +100,7 @@ def test_hung_share_keeps_the_daemon_responsive_and_lag_fires_then_resolves(tmp_
         clock.advance(EVERY)
         assert worker.wait_rounds("runs", done + 1, timeout=15)
         timed_cycle(daemon)
-        assert notes.of(key, AlertStatus.RESOLVED), "resolved once the copy caught up"
+        assert of(notes, key, AlertStatus.RESOLVED), "resolved once the copy caught up"
         assert (share / "run1" / events_file.name).read_bytes() == events_file.read_bytes()
         scraped = metrics(daemon)
         assert scraped[("trainguard_mirror_lag_seconds", "runs")] == 0

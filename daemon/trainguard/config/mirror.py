@@ -44,6 +44,11 @@ class Mirror(Strict):
             raise ValueError(f"mirror {self.name!r}: source {source!r} is inside dest {dest!r}")
         if not self.patterns:
             raise ValueError(f"mirror {self.name!r}: patterns is empty (leave it out to copy everything)")
+        for key in ("patterns", "exclude"):
+            for glob in getattr(self, key):
+                if glob.startswith("/") or ".." in glob.split("/") or not glob.strip("/"):
+                    raise ValueError(f"mirror {self.name!r}: {key} entry {glob!r} must be a glob relative to source "
+                                     "(no leading '/', no '..')")
         return self
 
 

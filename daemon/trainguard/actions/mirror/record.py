@@ -122,6 +122,15 @@ class Record:
         self.flush()
         return read_states(self.conn, [self.mirror])
 
+    def pending(self, state: MirrorState) -> MirrorState:
+        """What waits now, stored before the copy starts (the last round's reason stays)."""
+        self.flush()
+        with self.conn:
+            self.conn.execute("UPDATE mirror_runs SET oldest_pending = ?, pending_files = ?, pending_bytes = ? "
+                              "WHERE mirror = ?",
+                              (state.oldest_pending, state.pending_files, state.pending_bytes, self.mirror))
+        return state
+
     def finish(self, state: MirrorState) -> MirrorState:
         """Store the round's outcome; returns the state with the stored totals and last_ok."""
         ok = state.pending_files == 0 and not state.reason

@@ -97,8 +97,9 @@ class MirrorRunner:
         self.record.mark_dirty([(j.rel, j.dirty_since) for j in p.jobs
                                 if entries.get(j.rel) is None or entries[j.rel].dirty_since is None])
         rnd = _Round({j.rel: j for j in p.jobs})
-        if on_plan is not None:  # what waits now, with the reason of the last round
-            on_plan(self._state(rnd, with_reason=False))
+        planned = self.record.pending(self._state(rnd, with_reason=False))  # `status` sees a round that hangs
+        if on_plan is not None:
+            on_plan(planned)
         if self.stuck is not None and not self._reaped(self.stuck):
             rnd.problem("unresponsive", f"dest unresponsive: the copier killed earlier (pid {self.stuck.pid}) "
                                         "is still stuck in the kernel")
