@@ -6,7 +6,7 @@ Workload (the seed's: a trainer writing checkpoints and TensorBoard event files 
             after each round every tool brings its dest up to date
 Tools, each into its own fresh dest:
   tg          : one MirrorRunner round (walk + plan + copier child: temp name, fsync, mtime, rename;
-                appended files get only their new bytes)
+                a grown file is copied whole again, atomically)
   rsync       : rsync -a SRC/ DEST/  (no fsync: its writes may still sit in the page cache)
   rsync-fsync : rsync -a --fsync SRC/ DEST/  (durable like tg), when this rsync has --fsync
 (`cp -a` stands in for rsync where rsync is missing.) Ratios are throughput tg / reference (> 1: tg faster).

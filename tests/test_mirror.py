@@ -86,7 +86,7 @@ def test_local_dir_is_mirrored_identically_and_only_once(tmp_path):
     assert runner_for(tmp_path, src, dst, patterns=["**"], exclude=["**/cache/**"]).run().bytes_total == copied
 
 
-def test_appended_event_file_gets_only_its_new_bytes(tmp_path):
+def test_appended_event_file_is_copied_again_whole_and_atomically(tmp_path):
     src, dst = tmp_path / "src", tmp_path / "dst"
     write(src / EVENTS, os.urandom(200_000))
     runner = runner_for(tmp_path, src, dst)
@@ -97,8 +97,9 @@ def test_appended_event_file_gets_only_its_new_bytes(tmp_path):
     state = runner.run()
     assert (dst / EVENTS).read_bytes() == (src / EVENTS).read_bytes()
     assert (dst / EVENTS).stat().st_mtime_ns == (src / EVENTS).stat().st_mtime_ns
-    assert state.bytes_total - before == 6000, "only the appended bytes travel"
-    assert (dst / EVENTS).stat().st_ino == inode, "appended in place, like rsync --append-verify"
+    assert state.bytes_total - before == 206_000
+    # A new file renamed over the old one: a reader of the share never sees a half-written append.
+    assert (dst / EVENTS).stat().st_ino != inode
 
 
 def test_rewritten_file_is_replaced_whole_and_atomically(tmp_path):
@@ -114,12 +115,12 @@ def test_rewritten_file_is_replaced_whole_and_atomically(tmp_path):
     assert state.bytes_total == 250_000
 
 
-def test_share_changed_behind_our_back_gets_a_whole_copy_not_an_append(tmp_path):
+def test_share_changed_behind_our_back_is_copied_over(tmp_path):
     src, dst = tmp_path / "src", tmp_path / "dst"
     write(src / EVENTS, b"x" * 10_000)
     runner = runner_for(tmp_path, src, dst)
     runner.run()
-    write(dst / EVENTS, b"x" * 5_000)  # e.g. an append that was killed half-way and rewritten by hand
+    write(dst / EVENTS, b"x" * 5_000)  # e.g. truncated by hand on the share
     with open(src / EVENTS, "ab") as f:
         f.write(b"y" * 100)
     runner.run()

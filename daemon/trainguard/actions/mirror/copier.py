@@ -7,10 +7,9 @@ it starts in a few tens of milliseconds.
 
 A file is copied to `.<name>.trainguard-tmp-<random>` in its destination directory, given the
 source's mode and mtime, fsynced and renamed over the final name: the final name holds the old
-copy or the new one, never a torn one. A file that only grew since its last copy (an event file)
-gets the new bytes appended in place, like `rsync --append-verify`, when the share still holds
-exactly that last copy and the local file still starts with the bytes that were copied (first and
-last 64 KiB compared); the final name then holds a byte-exact prefix of the local file at any time.
+copy or the new one, never a torn one, even when the copier is killed half-way. A file that grew
+(an event file) is copied whole again the same way, as `rsync -a` does for a local copy: appending
+in place would leave a half-written record under the final name whenever an append is cut short.
 Nothing on the share is ever deleted except this copier's own temporary files.
 """
 
@@ -31,7 +30,6 @@ FLUSH_EVERY = 0.05  # seconds between writes of the queued report lines
 WORKERS = 4  # files copied at once: a share's per-file latency (create, fsync, rename) overlaps
 FATAL = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.ENOTCONN, errno.ESTALE, errno.EIO, errno.ETIMEDOUT,
          errno.EHOSTDOWN, errno.ENODEV}  # the share as a whole is unusable: stop the round
-SLACK_NS = 2_000_000_000  # shares keep mtimes coarser than ns (CIFS 100 ns, some FUSE 1 s)
 
 
 class SourceChanged(Exception):
@@ -149,7 +147,7 @@ class Copier:
             return
         rel = job["rel"]
         try:
-            self.emit(ev="done", rel=rel, **self.copy(rel, job.get("prev")))
+            self.emit(ev="done", rel=rel, **self.copy(rel))
         except SourceChanged as exc:
             self.emit(ev="changed", rel=rel, error=str(exc))
         except FileNotFoundError as exc:
@@ -177,7 +175,7 @@ class Copier:
             return
         self.emit(ev="temp_gone", tmp=tmp)
 
-    def copy(self, rel: str, prev: list | None) -> dict:
+    def copy(self, rel: str) -> dict:
         src = os.open(os.path.join(self.source, rel), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             st = os.fstat(src)
@@ -188,15 +186,10 @@ class Copier:
                 if os.fstat(src).st_size < st.st_size or window_digest(src, st.st_size) != digest:
                     raise SourceChanged("the local file was rewritten while it was copied")
 
-            how = "append"
-            if prev and st.st_size > prev[0] and self.append(src, st, rel, prev):
-                unchanged()
-            else:
-                how = "full"
-                self.replace(src, st, rel, unchanged)
+            self.replace(src, st, rel, unchanged)
         finally:
             os.close(src)
-        return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "digest": digest, "how": how}
+        return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "digest": digest}
 
     def _dest_dir(self, final: str) -> None:
         parent = os.path.dirname(final)
@@ -224,27 +217,6 @@ class Copier:
         os.close(out)
         self.emit.op("rename", final)
         os.rename(tmp, final)
-
-    def append(self, src: int, st: os.stat_result, rel: str, prev: list) -> bool:
-        size, mtime_ns, digest = prev
-        if window_digest(src, size) != digest:
-            return False  # not an append: the copied part changed
-        final = os.path.join(self.dest, rel)
-        self.emit.op("open", final)
-        try:
-            out = os.open(final, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return False
-        try:
-            have = os.fstat(out)
-            if have.st_size != size or abs(have.st_mtime_ns - mtime_ns) > SLACK_NS:
-                return False  # the share does not hold our last copy (a killed append, someone else's write)
-            self.emit.op("write", final)
-            copy_range(src, out, size, st.st_size, self.emit)
-            self._finish(out, st, final)
-        finally:
-            os.close(out)
-        return True
 
     def _finish(self, out: int, st: os.stat_result, path: str) -> None:
         try:

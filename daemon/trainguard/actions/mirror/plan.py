@@ -10,7 +10,7 @@ import stat
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from trainguard.actions.mirror.record import Copied, Entry
+from trainguard.actions.mirror.record import Entry
 
 TEMP_MARK = ".trainguard-tmp-"  # in the temporary names the copier writes on the share
 
@@ -30,7 +30,6 @@ class Job:
     size: int  # as planned; the copier copies what is there when it opens the file
     mtime_ns: int
     dirty_since: float
-    prev: Copied | None  # what the share holds from the last copy: an append may only add to it
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +81,7 @@ def plan(files: list[LocalFile], entries: Mapping[bytes, Entry], now: float, cre
         if since is None:
             # Changed while nobody watched: since its mtime, but a newly configured mirror starts its clock now.
             since = max(min(now, f.mtime_ns / 1e9), created)
-        jobs.append(Job(f.rel, f.size, f.mtime_ns, since, copied))
+        jobs.append(Job(f.rel, f.size, f.mtime_ns, since))
     present = {f.rel for f in files}
     gone = tuple(rel for rel in entries if rel not in present)
     jobs.sort(key=lambda j: (j.dirty_since, j.rel))

@@ -130,8 +130,7 @@ class MirrorRunner:
                                 stderr=subprocess.PIPE, cwd="/", start_new_session=True)
 
     def _copy(self, rnd: _Round, temps: list[bytes]) -> None:
-        jobs = [{"rel": os.fsdecode(j.rel), "prev": [j.prev.size, j.prev.mtime_ns, j.prev.digest] if j.prev else None}
-                for j in rnd.pending.values()]
+        jobs = [{"rel": os.fsdecode(j.rel)} for j in rnd.pending.values()]
         request = {"source": self.mirror.source, "dest": self.mirror.dest, "jobs": jobs,
                    "temps": [os.fsdecode(t) for t in temps]}
         proc = self._spawn()
@@ -219,11 +218,9 @@ class MirrorRunner:
             self.record.temp_gone(os.fsencode(ev["tmp"]))
         elif kind == "done":
             rel = os.fsencode(ev["rel"])
-            job = rnd.pending.pop(rel)
-            moved = ev["size"] - job.prev.size if ev["how"] == "append" and job.prev else ev["size"]
-            self.record.copied(rel, Copied(ev["size"], ev["mtime_ns"], ev["digest"]), moved)
-            if ev["how"] == "full":
-                rnd.op = "done"
+            rnd.pending.pop(rel)
+            self.record.copied(rel, Copied(ev["size"], ev["mtime_ns"], ev["digest"]), ev["size"])
+            rnd.op = "done"
         elif kind == "vanished":
             rel = os.fsencode(ev["rel"])
             rnd.pending.pop(rel, None)
