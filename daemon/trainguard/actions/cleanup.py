@@ -345,7 +345,7 @@ class CleanupRunner:
             return not (sel.matches(entry.name, entry.path, policy.exclude)
                         or sel.matches(entry.name, entry.path, policy.dir_patterns))
 
-        for entry in walker.walk(o.fd, dev=o.dev, descend=descend, prune_paths=below,
+        for entry in walker.walk(o.fd, dev=o.dev, descend=descend, prune_paths=below, mnt=o.mnt,
                                  on_problem=lambda p: run.skip(p.reason, p.path, p.detail), hook=self.hook):
             if sel.matches(entry.name, entry.path, policy.exclude):
                 continue
@@ -358,6 +358,9 @@ class CleanupRunner:
                     unit = walker.measure_unit(entry.dir_fd, entry.name, o.dev, self.hook)
                 except OSError as exc:
                     run.skip_error(entry.path, exc)
+                    continue
+                if unit.mounts:
+                    run.skip("mount-point", entry.path, "a mount point inside; this unit is never deleted")
                     continue
                 busy = (now - unit.newest_change < policy.grace or unit.problems > 0
                         or self.open_files.any_open(unit.inodes))
@@ -395,7 +398,7 @@ class CleanupRunner:
                         run.skip("grace", path)
                         continue
                     if unit.problems or self.open_files.any_open(unit.inodes):
-                        run.skip("open" if not unit.problems else "unreadable", path)
+                        run.skip("open" if not unit.problems else "mount-point" if unit.mounts else "unreadable", path)
                         continue
                     nbytes, nfiles = unit.bytes, unit.files
                 else:
@@ -473,7 +476,7 @@ class CleanupRunner:
                     run.skip("linked-elsewhere", path)  # e.g. a conda package hard-linked into an environment
                     return None
                 if unit.problems:
-                    run.skip("unreadable", path)
+                    run.skip("mount-point" if unit.mounts else "unreadable", path)
                     return None
                 return unit.newest_access, unit.bytes, unit.files, True
             mode = st.st_mode
@@ -520,7 +523,7 @@ class CleanupRunner:
         def problem(p: walker.WalkProblem) -> None:
             scratch.skip(p.reason, p.path, p.detail)
 
-        for lst in walker.scan(o.fd, dev=dev, on_problem=problem, hook=self.hook):
+        for lst in walker.scan(o.fd, dev=dev, on_problem=problem, hook=self.hook, mnt=o.mnt):
             fd, prefix, pos, marks, order = lst.fd, lst.prefix, lst.pos, lst.marks, lst.order
             try:
                 # The hot loop: one lstat per entry (fstatat on the directory fd), no

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from trainguard.actions.walker import mount_id
 from trainguard.rootcheck import (  # noqa: F401
     FORBIDDEN_TREES,
     SYSTEM_DIRS,
@@ -35,6 +36,7 @@ class OpenedRoot:
     fd: int
     dev: int
     ino: int
+    mnt: int | None = None  # its mount (walker.mount_id): the walk never enters another one
 
 
 def open_checked_root(root: str, homes: frozenset[str] | None = None) -> OpenedRoot:
@@ -67,7 +69,7 @@ def open_checked_root(root: str, homes: frozenset[str] | None = None) -> OpenedR
     if again is None or (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino) or os.path.realpath(norm) != norm:
         os.close(fd)
         raise UnsafeRoot(f"root {norm!r} changed while it was being opened")
-    return OpenedRoot(norm, fd, st.st_dev, st.st_ino)
+    return OpenedRoot(norm, fd, st.st_dev, st.st_ino, mount_id(fd))
 
 
 def mount_points(proc_root: str = "/proc") -> list[str]:
