@@ -6,11 +6,16 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import sys
+import textwrap
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.test_cleanup import DAY, make, names, policy, runner
+from tests.support.cli import trainguard
+from tests.test_cleanup import DAY, make, policy, runner
 
 
 @contextlib.contextmanager
@@ -103,3 +108,68 @@ def test_a_bind_mount_of_the_same_filesystem_is_not_entered_by_the_age_walk(tmp_
         runner(tmp_path, DAY).run(policy(type="age", roots=[str(root)], age_by=["mtime"]))
         assert survived(outside)
     assert not (root / "a" / "old.dat").exists()
+
+
+# ------------------------------------------------------------------ hung share with an open file
+
+
+@contextlib.contextmanager
+def held_open(path: Path):
+    """A real child process that keeps path open until the block ends."""
+    code = f"f = open({str(path)!r}, 'rb')\nprint('ready', flush=True)\nimport sys; sys.stdin.read()"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        yield proc
+    finally:
+        proc.stdin.close()
+        proc.wait(10)
+
+
+@contextlib.contextmanager
+def hung_share_with_open_file(slowfs):
+    (slowfs.mountpoint / "shared.dat").write_bytes(b"x" * 100)
+    with held_open(slowfs.mountpoint / "shared.dat"):
+        slowfs.block("getattr")
+        try:
+            yield
+        finally:
+            slowfs.unblock("getattr")
+
+
+def test_cleanup_command_finishes_while_a_file_is_open_on_a_hung_share(tmp_path, slowfs):
+    # The share is mounted below the root (tmp_path/mnt): pruned by the walk, and its open
+    # file must not be stat'ed when the open-file index is built.
+    make(tmp_path / "old.dat", age=40 * DAY)
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(textwrap.dedent(f"""
+        [general]
+        state_dir = "{tmp_path / 'state'}"
+        [[cleanup]]
+        name = "scratch"
+        type = "age"
+        roots = ["{tmp_path}"]
+        age_by = ["mtime"]
+        older_than = "7d"
+        grace = "0s"
+        exclude = ["state", "config.toml"]
+    """))
+    with hung_share_with_open_file(slowfs):
+        started = time.monotonic()
+        done = trainguard("cleanup", "--config", str(cfg), timeout=30)
+        assert time.monotonic() - started < 20
+        assert done.returncode == 0, done.stderr
+        assert not (tmp_path / "old.dat").exists(), done.stdout + done.stderr
+
+
+def test_daemon_cleanup_finishes_while_a_file_is_open_on_a_hung_share(tmp_path, slowfs):
+    root = tmp_path / "root"
+    make(root / "old.dat", age=40 * DAY)
+    pol = policy(type="age", roots=[str(root)], age_by=["mtime"])
+    reports = []
+    with hung_share_with_open_file(slowfs):
+        worker = threading.Thread(target=lambda: reports.append(runner(tmp_path, DAY).run(pol)), daemon=True)
+        worker.start()
+        worker.join(20)
+        assert not worker.is_alive(), "cleanup hung on the share"
+    assert reports[0].files == 1
