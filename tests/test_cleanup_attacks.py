@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -14,7 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cli import trainguard
+from trainguard.actions.cleanup import findings_for
+from trainguard.records import Severity
+
+from tests.support.cli import cli_env, trainguard
 from tests.test_cleanup import DAY, make, policy, runner
 
 
@@ -173,3 +177,86 @@ def test_daemon_cleanup_finishes_while_a_file_is_open_on_a_hung_share(tmp_path, 
         worker.join(20)
         assert not worker.is_alive(), "cleanup hung on the share"
     assert reports[0].files == 1
+
+
+# ------------------------------------------------------------------ a root the daemon cannot write
+
+
+@pytest.mark.parametrize("kind", ["age", "checkpoints"])
+def test_a_read_only_root_is_a_warning_with_the_next_step_not_silence(tmp_path, kind):
+    root = tmp_path / "root"
+    make(root / "run" / "step1.pt", age=40 * DAY)
+    make(root / "run" / "step2.pt", age=30 * DAY)
+    kw = dict(age_by=["mtime"]) if kind == "age" else dict(keep_last=1)
+    with bind(root, root, "ro"):  # what ProtectSystem=strict makes of a path not in ReadWritePaths=
+        report = runner(tmp_path, DAY).run(policy(type=kind, roots=[str(root)], **kw))
+        dry = runner(tmp_path, DAY).run(policy(type=kind, roots=[str(root)], **kw), dry_run=True)
+    assert (root / "run" / "step1.pt").exists()
+    (finding,) = [f for f in findings_for(report) if f.key == "cleanup.blocked:p"]
+    assert finding.severity is Severity.WARNING and "read-only" in finding.summary and str(root) in finding.summary
+    assert "ReadWritePaths=" in finding.hint
+    assert dry.blocked and dry.files >= 1  # the dry run still shows what would go, and that it cannot
+
+
+# ------------------------------------------------------------------ bad roots and bad names
+
+
+def write_config(tmp_path: Path, root: str | bytes, extra: str = "") -> Path:
+    cfg = tmp_path / "config.toml"
+    text = (f'[general]\nstate_dir = "{tmp_path / "state"}"\n[[cleanup]]\nname = "scratch"\ntype = "age"\n'
+            f'roots = ["{root}"]\nage_by = ["mtime"]\ngrace = "0s"\n{extra}')
+    cfg.write_text(text)
+    return cfg
+
+
+def one_error_line(stderr: str, *words: str) -> bool:
+    """The refusal is one line naming the key and the reason (after the "invalid configuration:" heading)."""
+    lines = [line for line in stderr.strip().splitlines() if not line.endswith("invalid configuration:")]
+    return "Traceback" not in stderr and len(lines) == 1 and all(w in lines[0] for w in words)
+
+
+@pytest.mark.parametrize("target", ["/", "file"])
+def test_a_root_that_is_a_symlink_is_refused_with_one_line(tmp_path, target):
+    (tmp_path / "file").write_text("x")
+    link = tmp_path / "link"
+    link.symlink_to("/" if target == "/" else tmp_path / "file")
+    cfg = write_config(tmp_path, str(link))
+    for command in (["check-config"], ["cleanup", "--dry-run"]):
+        done = trainguard(*command, "--config", str(cfg), timeout=30)
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert one_error_line(done.stderr, "symlink", str(link)), done.stderr
+
+
+def test_a_nul_byte_in_a_root_is_refused_with_one_line(tmp_path):
+    cfg = write_config(tmp_path, str(tmp_path) + "/a\\u0000b")
+    done = trainguard("check-config", "--config", str(cfg), timeout=30)
+    assert done.returncode == 2 and one_error_line(done.stderr, "NUL", "cleanup"), done.stderr
+
+
+def test_a_root_swapped_for_a_symlink_after_loading_is_refused_at_run_time(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    pol = policy(type="age", roots=[str(root)], age_by=["mtime"])
+    root.rmdir()
+    root.symlink_to("/")
+    report = runner(tmp_path, DAY).run(pol)
+    assert report.files == 0 and "symlink" in report.roots[0].note and "'/'" in report.roots[0].note
+
+
+def test_non_utf8_names_are_printed_escaped(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    name = os.path.join(os.fsencode(root), b"old\xff\x1b.dat")
+    with open(name, "wb") as fh:
+        fh.write(b"x")
+    os.utime(name, (time.time() - 40 * DAY,) * 2)
+    cfg = write_config(tmp_path, str(root))
+    env = {**cli_env(), "LC_ALL": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
+    dry = trainguard("cleanup", "--dry-run", "--verbose", "--config", str(cfg), env=env, timeout=30)
+    assert dry.returncode == 0 and "Traceback" not in dry.stderr, dry.stderr
+    assert "old\\xff\\x1b.dat" in dry.stdout
+    real = trainguard("cleanup", "--verbose", "--config", str(cfg), env=env, timeout=30)
+    assert real.returncode == 0 and "old\\xff\\x1b.dat" in real.stdout, real.stderr
+    assert not os.path.exists(name)
+    conn = sqlite3.connect(tmp_path / "state" / "state.db")
+    assert conn.execute("SELECT path FROM cleanup_audit").fetchone()[0].endswith("old\\xff\\x1b.dat")

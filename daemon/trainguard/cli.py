@@ -141,6 +141,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 def cmd_cleanup(args: argparse.Namespace) -> int:
     from trainguard.actions.audit import AuditLog
     from trainguard.actions.cleanup import CleanupRunner, Item, describe
+    from trainguard.actions.report import printable
     from trainguard.store.state import StateDb, choose_state_dir
     from trainguard.units import format_bytes, format_duration
 
@@ -173,11 +174,11 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
 
     def show(item: Item) -> None:
         kind = "dir " if item.unit else ""
-        print(f"{verb} {kind}{item.path}  {format_bytes(item.bytes)}  age {format_duration(item.age_s)}  {item.reason}")
+        print(f"{verb} {kind}{printable(item.path)}  {format_bytes(item.bytes)}  age {format_duration(item.age_s)}  {item.reason}")
 
     status = EXIT_OK
     for policy in chosen:
-        report = runner.run(policy, trigger="manual", dry_run=args.dry_run, on_item=show)
+        report = runner.run(policy, trigger="manual", dry_run=args.dry_run, on_item=show if args.verbose else None)
         for root in report.roots:
             line = f"  {root.root}: {root.files} files, {format_bytes(root.bytes)}"
             if root.mount:
@@ -308,6 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
     parsers["cleanup"].add_argument("--dry-run", action="store_true",
                                     help="list what would be deleted, why, and the bytes; touch nothing")
     parsers["cleanup"].add_argument("--policy", metavar="NAME", help="only this policy (by its name)")
+    parsers["cleanup"].add_argument("--verbose", "-v", action="store_true",
+                                    help="one line per file or unit (default: a summary per policy)")
     parsers["test-alert"].add_argument("--target", "-t", action="append", metavar="NAME",
                                        help="only this target (repeat for more; default: all)")
     parsers["test-alert"].add_argument("--severity", choices=["info", "warning", "critical"], default="warning",

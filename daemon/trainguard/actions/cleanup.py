@@ -30,6 +30,7 @@ from typing import Callable, Mapping, Sequence
 from trainguard.actions import policies as sel
 from trainguard.actions import walker
 from trainguard.actions.audit import AuditLog
+from trainguard.actions.report import printable
 from trainguard.actions.safety import (
     OpenedRoot,
     OpenFiles,
@@ -90,6 +91,7 @@ class CleanupReport:
     planned_files: int = 0
     planned_bytes: int = 0
     dirs_removed: int = 0
+    blocked: tuple[str, ...] = ()  # roots this policy cannot delete in, with the reason
 
     @property
     def mounts(self) -> list[str]:
@@ -113,6 +115,7 @@ class _Run:
         self.max_items = max_items
         self.on_item = on_item
         self._logged: dict[str, int] = {}
+        self.blocked: list[str] = []
 
     def skip(self, reason: str, path: str = "", detail: str = "") -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
@@ -126,7 +129,11 @@ class _Run:
         self._logged[reason] = shown + 1
 
     def skip_error(self, path: str, exc: OSError) -> None:
-        self.skip(walker.classify_error(exc), path, exc.strerror or "")
+        reason = walker.classify_error(exc)
+        if reason in ("read-only", "permission") and not any(b.startswith(path) for b in self.blocked):
+            if len(self.blocked) < 5:
+                self.blocked.append(f"{printable(path)}: {exc.strerror}")
+        self.skip(reason, path, exc.strerror or "")
 
     def add(self, item: Item) -> None:
         self.files += item.files
@@ -248,6 +255,15 @@ class CleanupRunner:
                     notes[root] = str(exc)
                     run.skip("unsafe-root", root, str(exc))
                     continue
+                why = write_blocked(o)
+                if why:
+                    log.warning("cleanup %s: %s", policy.name, why)
+                    run.blocked.append(why)
+                    if not dry_run:
+                        os.close(o.fd)
+                        notes[root] = why
+                        run.skip("read-only", root, why)
+                        continue
                 try:
                     below = mounts_below(o.path, self.proc_root)
                 except OSError as exc:
@@ -330,6 +346,7 @@ class CleanupRunner:
             finished=self.clock(), roots=tuple(roots), files=run.files, bytes=run.bytes,
             skipped=dict(run.skipped), guard=guard, items=tuple(run.items),
             planned_files=planned_files, planned_bytes=planned_bytes, dirs_removed=run.dirs,
+            blocked=tuple(run.blocked),
         )
         log.info("%s", describe(report))
         return report
@@ -743,6 +760,16 @@ class CleanupRunner:
             self.audit.record(policy, mount, item.path, item.bytes, item.files, item.reason)
 
 
+def write_blocked(o: OpenedRoot) -> str:
+    """Why this process cannot delete below the root ('' when it can): a read-only mount (the
+    systemd unit's ProtectSystem=/ProtectHome= make one), or no write permission."""
+    if os.fstatvfs(o.fd).f_flag & os.ST_RDONLY:
+        return f"{o.path} is read-only for trainguard (mounted read-only here)"
+    if not os.access(o.path, os.W_OK | os.X_OK):
+        return f"{o.path} is not writable for trainguard (uid {os.geteuid()})"
+    return ""
+
+
 def _take_until(plan: list[sel.Candidate], need: int) -> list[sel.Candidate]:
     out, total = [], 0
     for cand in plan:
@@ -772,6 +799,8 @@ def describe(report: CleanupReport) -> str:
     line = f"cleanup {report.policy} ({report.trigger}) {verb} {format_bytes(report.bytes)} on {where} ({report.files} files)"
     if report.skipped:
         line += "; skipped " + ", ".join(f"{n} {reason}" for reason, n in sorted(report.skipped.items()))
+    if report.blocked:
+        line += "; cannot delete: " + "; ".join(report.blocked)
     return line
 
 
@@ -788,6 +817,16 @@ def findings_for(report: CleanupReport) -> list[Finding]:
         "skipped": dict(report.skipped),
     }
     labels = {"policy": report.policy}
+    if report.blocked:
+        out.append(Finding(
+            key=f"cleanup.blocked:{report.policy}",
+            severity=Severity.WARNING,
+            summary=f"cleanup {report.policy} cannot delete: {'; '.join(report.blocked)}",
+            details=details, labels=labels, value=float(len(report.blocked)),
+            hint="give trainguard write access there: under the shipped systemd unit add the root to "
+                 "ReadWritePaths= (systemctl edit trainguard, then restart); elsewhere remount it "
+                 "read-write or fix its permissions",
+        ))
     if report.guard:
         out.append(Finding(
             key=f"cleanup.guard:{report.policy}",

@@ -98,6 +98,8 @@ def open_beneath(root_fd: int, relpath: str, expect_dev: int) -> int:
 def classify_error(exc: OSError) -> str:
     if exc.errno in (errno.EACCES, errno.EPERM):
         return "permission"
+    if exc.errno == errno.EROFS:
+        return "read-only"
     if exc.errno in (errno.ENOENT, errno.ESTALE):
         return "vanished"
     if exc.errno in (errno.ELOOP, errno.ENOTDIR):

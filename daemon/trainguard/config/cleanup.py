@@ -15,7 +15,7 @@ from pydantic import (
 )
 
 from trainguard.config.base import Strict
-from trainguard.rootcheck import UnsafeRoot, check_root_text
+from trainguard.rootcheck import UnsafeRoot, check_root_on_disk, check_root_text
 from trainguard.units import Bytes, Duration, Ratio, parse_bytes
 
 
@@ -85,7 +85,7 @@ class _CleanupBase(Strict):
     def _safe(self) -> "_CleanupBase":
         for root in self.roots:
             try:
-                check_root_text(root)
+                check_root_on_disk(check_root_text(root))
             except UnsafeRoot as exc:
                 raise ValueError(f"policy {self.name!r}: {exc}") from None
         if self.low > self.high:
