@@ -169,7 +169,8 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     if not args.dry_run:
         db = StateDb(choose_state_dir(args.state_dir or loaded.config.general.state_dir))
         audit = AuditLog(db.connect())
-    runner = CleanupRunner(chosen, audit=audit, proc_root=loaded.config.general.proc_root)
+    runner = CleanupRunner(chosen, audit=audit, proc_root=loaded.config.general.proc_root,
+                           mirrors=loaded.config.mirror)
     verb = "would delete" if args.dry_run else "deleted"
 
     def show(item: Item) -> None:

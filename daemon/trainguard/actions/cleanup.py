@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
 from trainguard.actions import policies as sel
-from trainguard.actions import walker
+from trainguard.actions import mirrorcheck, walker
 from trainguard.actions.audit import AuditLog
 from trainguard.actions.report import printable
 from trainguard.actions.safety import (
@@ -41,7 +41,7 @@ from trainguard.actions.safety import (
     mounts_below,
     open_checked_root,
 )
-from trainguard.config import AgePolicy, CachePolicy, CheckpointsPolicy
+from trainguard.config import AgePolicy, CachePolicy, CheckpointsPolicy, Mirror
 from trainguard.records import Finding, FsUsage, Severity
 from trainguard.sources.fs import usage_from_statvfs
 from trainguard.units import format_bytes, format_ratio
@@ -205,6 +205,8 @@ class CleanupRunner:
         hook: walker.Hook | None = None,
         open_files: OpenFiles | None = None,
         max_items: int = 1000,
+        mirrors: Sequence[Mirror] = (),
+        mirror_timeout: float = 10.0,
     ):
         self.policies = {p.name: p for p in policies}
         self.audit = audit
@@ -215,6 +217,8 @@ class CleanupRunner:
         self.hook = hook
         self.open_files = open_files or OpenFiles(proc_root)
         self.max_items = max_items
+        self.mirrors = {m.name: m for m in mirrors}
+        self.mirror_timeout = mirror_timeout
 
     # ------------------------------------------------------------ roots
 
@@ -387,7 +391,15 @@ class CleanupRunner:
                 busy = in_grace(st, now, policy.grace) or self.open_files.is_open(st.st_dev, st.st_ino)
                 items.append(sel.CheckpointItem(group, entry.path, entry.name, sel.parse_step(entry.name),
                                                 st.st_mtime, sel.freed_bytes(st), 1, False, st.st_dev, st.st_ino, busy))
-        return sel.select_checkpoints(o.path, items, policy, now)
+        cands = sel.select_checkpoints(o.path, items, policy, now)
+        if policy.only_if_mirrored and cands:
+            mirror = self.mirrors.get(policy.only_if_mirrored)
+            if mirror is None:
+                for cand in cands:
+                    run.skip("not-mirrored", cand.relpath, f"mirror {policy.only_if_mirrored!r} is not known here")
+                return []
+            cands = mirrorcheck.only_mirrored(cands, o, mirror, run, self.mirror_timeout)
+        return cands
 
     def _delete_checkpoints(self, policy, o: OpenedRoot, mount: str, plan: list[sel.Candidate],
                             need: int | None, run: _Run, dry_run: bool) -> None:

@@ -109,6 +109,9 @@ class CheckpointsPolicy(_CleanupBase):
     keep_every: int | None = Field(None, ge=1)  # keep checkpoints whose step is a multiple of this
     older_than: Duration | None = None
     max_delete: MaxDeleteLimit | None = MaxDelete(files=1000)
+    # The name of a [[mirror]]: delete a checkpoint only when the mirror's dest holds an
+    # identical copy (every file: same size and mtime); an unanswered share means "keep".
+    only_if_mirrored: str | None = Field(None, min_length=1)
 
     @model_validator(mode="after")
     def _has_roots(self) -> "CheckpointsPolicy":
@@ -165,6 +168,17 @@ def _unique_policy_names(policies: list[Any]) -> list[Any]:
             raise ValueError(f"cleanup policy name {policy.name!r} is used twice; names must be unique")
         seen.add(policy.name)
     return policies
+
+
+def check_mirror_names(policies: list[Any], mirrors: list[Any]) -> None:
+    """only_if_mirrored must name a configured [[mirror]]."""
+    names = [m.name for m in mirrors]
+    for policy in policies:
+        wanted = getattr(policy, "only_if_mirrored", None)
+        if wanted is not None and wanted not in names:
+            known = ", ".join(repr(n) for n in names) or "none configured"
+            raise ValueError(f"cleanup policy {policy.name!r}: only_if_mirrored = {wanted!r} names no [[mirror]] "
+                             f"(mirrors: {known})")
 
 
 CleanupPolicy = Annotated[Union[CheckpointsPolicy, AgePolicy, CachePolicy], Field(discriminator="type")]
