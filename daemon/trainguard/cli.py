@@ -140,8 +140,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
     from trainguard.actions.audit import AuditLog
-    from trainguard.actions.cleanup import CleanupRunner, Item, describe
-    from trainguard.actions.report import printable
+    from trainguard.actions.cleanup import CleanupRunner, Item
+    from trainguard.actions.report import printable, summary_lines
     from trainguard.store.state import StateDb, choose_state_dir
     from trainguard.units import format_bytes, format_duration
 
@@ -180,14 +180,7 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     status = EXIT_OK
     for policy in chosen:
         report = runner.run(policy, trigger="manual", dry_run=args.dry_run, on_item=show if args.verbose else None)
-        for root in report.roots:
-            line = f"  {root.root}: {root.files} files, {format_bytes(root.bytes)}"
-            if root.mount:
-                line += f" on {root.mount}"
-            if root.note:
-                line += f" ({root.note})"
-            print(line)
-        print(describe(report))
+        print("\n".join(summary_lines(report)))
         if report.guard:
             status = EXIT_CRITICAL
     if audit is not None:

@@ -1,0 +1,178 @@
+"""The age kind (and the caches, which are age with units, locks and a size cap): pass 1.
+
+Two passes, because max_delete must be checked against the whole plan before anything
+goes. Pass 1 (here) stats every entry once and keeps, per directory holding candidates,
+a small record: the directory's identity and change times and one bit per listing
+position that was a candidate; counts and an age histogram stand for the rest, so
+memory stays flat. Pass 2 (age_delete.py) reopens only those directories and re-stats
+only the marked entries, re-judging each from that fresh lstat with every rule
+(identity, filesystem, grace, age, open files) just before the unlink. A dry run never
+does pass 2: pass 1's counts are its answer (the entries are listed with --verbose).
+"""
+
+from __future__ import annotations
+
+import math
+import stat as stat_mod
+from dataclasses import dataclass, field
+
+from trainguard.actions import age_delete, walker
+from trainguard.actions import policies as sel
+from trainguard.actions.age_judge import Busy, make_enters, make_judge
+from trainguard.actions.guard import Root
+from trainguard.actions.plan import Ctx, Planned
+from trainguard.actions.report import Tally
+from trainguard.config import AgePolicy
+
+
+@dataclass(slots=True)
+class AgePlan:
+    """Pass-1 result: counts and histograms, no per-file state."""
+
+    expired_files: int = 0
+    expired_bytes: int = 0
+    hist: sel.AgeHistogram = field(default_factory=sel.AgeHistogram)  # eligible entries by age
+    total_bytes: int = 0  # cache size (for max_size)
+    cap_min_age: float = math.inf  # entries at least this old go to get under max_size
+    cap_need: int = 0
+    young: int = 0  # eligible but newer than older_than
+    problems: dict[str, int] = field(default_factory=dict)  # walk problems seen while planning
+    dirs: list[age_delete.DirMarks] = field(default_factory=list)  # where pass 2 looks again, in post-order
+
+
+class AgeKind:
+    def plan(self, ctx: Ctx, root: Root, need: int | None) -> Planned:
+        policy = ctx.policy
+        remove_dirs = isinstance(policy, AgePolicy) and policy.remove_empty_dirs and need is None
+        busy = Busy()
+        plan = _scan(ctx, root, remove_dirs, busy)
+        if busy.why:
+            return Planned(note=busy.why)
+        if plan.young:
+            ctx.tally.skipped["young"] = ctx.tally.skipped.get("young", 0) + plan.young
+        if need is None:
+            files, nbytes = plan.expired_files, plan.expired_bytes
+            if plan.cap_need:
+                _age, cf, cb = plan.hist.cutoff_for(plan.cap_need)
+                files, nbytes = max(files, cf), max(nbytes, cb)
+        else:
+            _age, files, nbytes = plan.hist.cutoff_for(need)
+        return Planned(files, nbytes, data=plan)
+
+    def execute(self, ctx: Ctx, root: Root, planned: Planned, need: int | None) -> None:
+        plan: AgePlan = planned.data
+        if ctx.dry_run and ctx.tally.on_item is None:
+            ctx.tally.files += planned.files  # pass 1's count is the answer: no second walk
+            ctx.tally.bytes += planned.bytes
+        else:
+            age_delete.run_pass2(ctx, root, plan, need)
+        for reason, n in plan.problems.items():  # seen in either pass: count once
+            ctx.tally.skipped[reason] = max(ctx.tally.skipped.get(reason, 0), n)
+
+
+def _scan(ctx: Ctx, root: Root, remove_dirs: bool, busy: Busy) -> AgePlan:
+    policy, o = ctx.policy, root.opened
+    ctx.tools.open_files.refresh()
+    p1 = _Pass1(ctx, root, busy)
+    for lst in walker.scan(o.fd, dev=o.dev, on_problem=p1.problem, hook=ctx.tools.hook, mnt=o.mnt):
+        try:
+            p1.listing(lst)
+        except OSError as exc:  # reading the directory failed (e.g. removed under us)
+            p1.problem(walker.WalkProblem(lst.path or ".", walker.classify_error(exc), exc.strerror or ""))
+            lst.enter = None
+        if lst.enter is None:
+            _plan_dir(p1.plan, lst, remove_dirs, ctx.now, policy.older_than)
+    plan = p1.plan
+    plan.problems = dict(p1.scratch.tally.skipped)
+    if p1.all_hist is not None and plan.total_bytes > policy.max_size:
+        plan.cap_need = plan.total_bytes - policy.max_size
+        plan.cap_min_age, _f, _b = p1.all_hist.cutoff_for(plan.cap_need)
+    return plan
+
+
+class _Pass1:
+    """Pass 1's state, shared by every listing of one root."""
+
+    def __init__(self, ctx: Ctx, root: Root, busy: Busy):
+        policy = ctx.policy
+        self.now, self.below, self.plan = ctx.now, root.below, AgePlan()
+        self.all_hist = sel.AgeHistogram() if getattr(policy, "max_size", None) is not None else None
+        self.older_than = policy.older_than
+        # A size cap may take entries younger than older_than: mark every eligible one then.
+        self.mark_from = -math.inf if self.all_hist is not None or self.older_than is None else self.older_than
+        self.scratch = Ctx(policy, Tally(0, None), ctx.tools, ctx.dry_run, ctx.now)  # pass 2 counts skips again
+        self.judge, self.enters = make_judge(self.scratch, busy), make_enters(policy)
+
+    def problem(self, p: walker.WalkProblem) -> None:
+        self.scratch.tally.skip(p.reason, p.path, p.detail)
+
+    def listing(self, lst: walker.Listing) -> None:
+        """The hot loop over one listing: one lstat per entry (fstatat on the directory fd), no
+        per-entry objects beyond the stat result. Stops early (lst.enter set) to descend."""
+        now, below, judge, enters, plan = self.now, self.below, self.judge, self.enters, self.plan
+        all_hist, older_than, mark_from, skip = self.all_hist, self.older_than, self.mark_from, self.scratch.tally.skip
+        dev, hist = lst.st.st_dev, plan.hist
+        is_dir_mode, freed = stat_mod.S_ISDIR, sel.freed_bytes
+        order_mul, order_mask = walker.ORDER_MUL, walker.ORDER_MASK
+        fd, prefix, pos, marks, order = lst.fd, lst.prefix, lst.pos, lst.marks, lst.order
+        try:
+            for dirent in lst.entries:
+                pos += 1
+                order = (order * order_mul ^ dirent.inode()) & order_mask  # walker.listing_order
+                name = dirent.name
+                path = prefix + name
+                if below and path in below:
+                    continue  # a mount point: never entered nor judged
+                try:
+                    st = dirent.stat(follow_symlinks=False)
+                except OSError as exc:
+                    skip(walker.classify_error(exc), path, exc.strerror or "")
+                    continue
+                if st.st_dev != dev:
+                    skip("other-filesystem", path, "on another filesystem")
+                    continue
+                is_dir = is_dir_mode(st.st_mode)
+                judged = judge(fd, name, path, st, is_dir)
+                if judged is None:
+                    if is_dir and enters(name, path):
+                        lst.enter = (name, st)
+                        return
+                    if not is_dir:
+                        plan.total_bytes += freed(st)
+                    continue
+                age_ts, nbytes, files, _unit = judged
+                age = now - age_ts
+                plan.total_bytes += nbytes
+                if all_hist is not None:
+                    all_hist.add(age, nbytes, files)
+                if older_than is None or age >= older_than:
+                    hist.add(age, nbytes, files)
+                    if older_than is not None:
+                        plan.expired_files += files
+                        plan.expired_bytes += nbytes
+                else:
+                    plan.young += files
+                if age >= mark_from:
+                    marks = _mark(marks, pos)
+        finally:
+            lst.pos, lst.marks, lst.order = pos, marks, order
+
+
+def _mark(marks: bytearray | None, pos: int) -> bytearray:
+    if marks is None:
+        marks = bytearray()
+    byte = pos >> 3
+    if byte >= len(marks):
+        marks.extend(bytes(byte + 1 - len(marks)))
+    marks[byte] |= 1 << (pos & 7)
+    return marks
+
+
+def _plan_dir(plan: AgePlan, lst: walker.Listing, remove_dirs: bool, now: float, older_than: float | None) -> None:
+    """A directory fully read in pass 1: remember it if pass 2 has anything to do there."""
+    st = lst.st
+    # Reading a directory bumps its atime, so directories are aged by mtime/ctime only.
+    rmdir = bool(remove_dirs and lst.path and now - max(st.st_mtime, st.st_ctime) >= older_than)
+    if lst.marks or rmdir:
+        plan.dirs.append(age_delete.DirMarks(lst.path, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, lst.pos,
+                                             lst.order, bytes(lst.marks or b""), rmdir))
