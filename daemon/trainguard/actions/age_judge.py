@@ -29,7 +29,9 @@ def cache_kind(policy) -> sel.CacheKind | None:
 
 
 def age_fields(policy) -> tuple[str, ...]:
-    return tuple(policy.age_by) if isinstance(policy, AgePolicy) else ("atime", "mtime", "ctime")
+    """What "last used" means: the policy's age_by; for a cache, the newest of atime and mtime
+    (a ctime bump from chmod or a backup tool is not a use)."""
+    return tuple(policy.age_by) if isinstance(policy, AgePolicy) else ("atime", "mtime")
 
 
 def make_judge(ctx: Ctx, busy: Busy | None) -> Judge:

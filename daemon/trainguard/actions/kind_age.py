@@ -13,6 +13,7 @@ does pass 2: pass 1's counts are its answer (the entries are listed with --verbo
 from __future__ import annotations
 
 import math
+import os
 import stat as stat_mod
 from dataclasses import dataclass, field
 
@@ -36,6 +37,7 @@ class AgePlan:
     cap_min_age: float = math.inf  # entries at least this old go to get under max_size
     cap_need: int = 0
     young: int = 0  # eligible but newer than older_than
+    inline_done: bool = False  # deleted during the scan (one pass): pass 2 only removes empty dirs
     problems: dict[str, int] = field(default_factory=dict)  # walk problems seen while planning
     dirs: list[age_delete.DirMarks] = field(default_factory=list)  # where pass 2 looks again, in post-order
 
@@ -45,7 +47,11 @@ class AgeKind:
         policy = ctx.policy
         remove_dirs = isinstance(policy, AgePolicy) and policy.remove_empty_dirs and need is None
         busy = Busy()
-        plan = _scan(ctx, root, remove_dirs, busy)
+        # One pass (judge and delete in the same walk) where nothing must be weighed first:
+        # no max_delete guard, no size cap, no watermark, no dry run.
+        inline = (isinstance(policy, AgePolicy) and need is None and policy.max_delete is None
+                  and not ctx.dry_run)
+        plan = _scan(ctx, root, remove_dirs, busy, inline)
         if busy.why:
             return Planned(note=busy.why)
         if plan.young:
@@ -61,7 +67,10 @@ class AgeKind:
 
     def execute(self, ctx: Ctx, root: Root, planned: Planned, need: int | None) -> None:
         plan: AgePlan = planned.data
-        if ctx.dry_run and ctx.tally.on_item is None:
+        if plan.inline_done:
+            if plan.dirs:
+                age_delete.run_pass2(ctx, root, plan, need)  # only empty directories are left to remove
+        elif ctx.dry_run and ctx.tally.on_item is None:
             ctx.tally.files += planned.files  # pass 1's count is the answer: no second walk
             ctx.tally.bytes += planned.bytes
         else:
@@ -70,10 +79,10 @@ class AgeKind:
             ctx.tally.skipped[reason] = max(ctx.tally.skipped.get(reason, 0), n)
 
 
-def _scan(ctx: Ctx, root: Root, remove_dirs: bool, busy: Busy) -> AgePlan:
+def _scan(ctx: Ctx, root: Root, remove_dirs: bool, busy: Busy, inline: bool) -> AgePlan:
     policy, o = ctx.policy, root.opened
     ctx.tools.open_files.refresh()
-    p1 = _Pass1(ctx, root, busy)
+    p1 = _Pass1(ctx, root, busy, inline)
     for lst in walker.scan(o.fd, dev=o.dev, on_problem=p1.problem, hook=ctx.tools.hook, mnt=o.mnt):
         try:
             p1.listing(lst)
@@ -83,6 +92,7 @@ def _scan(ctx: Ctx, root: Root, remove_dirs: bool, busy: Busy) -> AgePlan:
         if lst.enter is None:
             _plan_dir(p1.plan, lst, remove_dirs, ctx.now, policy.older_than)
     plan = p1.plan
+    plan.inline_done = inline
     plan.problems = dict(p1.scratch.tally.skipped)
     if p1.all_hist is not None and plan.total_bytes > policy.max_size:
         plan.cap_need = plan.total_bytes - policy.max_size
@@ -93,8 +103,10 @@ def _scan(ctx: Ctx, root: Root, remove_dirs: bool, busy: Busy) -> AgePlan:
 class _Pass1:
     """Pass 1's state, shared by every listing of one root."""
 
-    def __init__(self, ctx: Ctx, root: Root, busy: Busy):
+    def __init__(self, ctx: Ctx, root: Root, busy: Busy, inline: bool):
         policy = ctx.policy
+        self.ctx, self.root, self.inline, self.prefix = ctx, root, inline, root.path.rstrip("/") + "/"
+        self.reason = sel.age_reason(policy, False)
         self.now, self.below, self.plan = ctx.now, root.below, AgePlan()
         self.all_hist = sel.AgeHistogram() if getattr(policy, "max_size", None) is not None else None
         self.older_than = policy.older_than
@@ -153,9 +165,32 @@ class _Pass1:
                 else:
                     plan.young += files
                 if age >= mark_from:
-                    marks = _mark(marks, pos)
+                    if self.inline:
+                        self.delete_now(fd, name, path, st, nbytes, age)
+                    else:
+                        marks = _mark(marks, pos)
         finally:
             lst.pos, lst.marks, lst.order = pos, marks, order
+
+    def delete_now(self, fd: int, name: str, relpath: str, st, nbytes: int, age: float) -> None:
+        """One-pass delete of a file just judged from its lstat: open-file check, then unlink
+        relative to the directory fd (a name swapped for a symlink meanwhile: the link goes,
+        never its target)."""
+        ctx, path = self.ctx, self.prefix + relpath
+        hook = ctx.tools.hook
+        if hook is not None:
+            hook("judged", relpath)
+        if ctx.tools.open_files.is_open(st.st_dev, st.st_ino):
+            ctx.skip_open(path, ((st.st_dev, st.st_ino),))
+            return
+        try:
+            if hook is not None:
+                hook("before_delete", relpath)
+            os.unlink(name, dir_fd=fd)
+        except OSError as exc:
+            ctx.skip_error(path, exc)
+            return
+        ctx.went(self.root, path, nbytes, 1, self.reason, age)
 
 
 def _mark(marks: bytearray | None, pos: int) -> bytearray:

@@ -298,7 +298,7 @@ class AgeHistogram:
 
 def age_reason(policy: AgePolicy | CachePolicy, watermark: bool) -> str:
     """One reason per run (the entry's own age is in the item): cheap for a million files."""
-    by = "/".join(policy.age_by) if isinstance(policy, AgePolicy) else "atime/mtime/ctime"
+    by = "/".join(policy.age_by) if isinstance(policy, AgePolicy) else "atime/mtime"
     if watermark:
         return f"{policy.type}: oldest first until the {policy.low:.0%} watermark (unused by {by})"
     return f"{policy.type}: unused for more than {format_duration(policy.older_than)} (by {by})"

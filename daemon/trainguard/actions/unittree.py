@@ -15,7 +15,7 @@ class UnitStats(NamedTuple):
     bytes: int  # freed by deleting it (multi-linked files count 0)
     files: int
     newest_change: float  # newest mtime/ctime inside: is it still being written?
-    newest_access: float  # newest atime inside: is it still being used?
+    newest_access: float  # newest atime or mtime of a file inside: when it was last used
     inodes: list[tuple[int, int]]
     multi_linked: bool  # some file also lives elsewhere (e.g. a conda package linked into an env)
     problems: int
@@ -51,14 +51,14 @@ def measure_unit(parent_fd: int, name: str, dev: int, hook: Hook | None = None) 
             st = entry.st
             newest = max(newest, st.st_mtime, st.st_ctime)
             if not entry.is_dir:
-                accessed = max(accessed, st.st_atime)
+                accessed = max(accessed, st.st_atime, st.st_mtime)
                 files += 1
                 if st.st_nlink > 1:
                     multi = True
                 else:
                     total += st.st_blocks * 512
                 inodes.append((st.st_dev, st.st_ino))
-        return UnitStats(total, files, newest, max(accessed, newest), inodes, multi, problems, mounts)
+        return UnitStats(total, files, newest, accessed or newest, inodes, multi, problems, mounts)
     finally:
         os.close(fd)
 

@@ -81,6 +81,12 @@ class _CleanupBase(Strict):
     grace: Duration = 600.0  # files changed this recently may still be being written
     max_delete: MaxDeleteLimit | None = MaxDelete(files=10000)
 
+    @field_validator("max_delete", mode="before")
+    @classmethod
+    def _guard_off(cls, value: Any) -> Any:
+        # false / "off": no guard. An age policy then judges and deletes in one pass.
+        return None if value is False or (isinstance(value, str) and value.strip().lower() == "off") else value
+
     @model_validator(mode="after")
     def _safe(self) -> "_CleanupBase":
         for root in self.roots:
