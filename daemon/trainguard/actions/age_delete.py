@@ -70,7 +70,9 @@ class _Pass2:
                 if (rec.marks or everything) and self.in_dir(fd, rec, None if everything else rec.marks):
                     return
                 if rec.rmdir:
-                    self.remove_empty_dir(chain, rec.path, dst)
+                    # After a one-pass scan the directory changed by its own deletions: age it as pass 1 saw it.
+                    seen = max(rec.mtime_ns, rec.ctime_ns) / 1e9 if self.plan.inline_done else max(dst.st_mtime, dst.st_ctime)
+                    self.remove_empty_dir(chain, rec.path, seen)
         finally:
             chain.close()
 
@@ -154,11 +156,11 @@ class _Pass2:
             self.ctx.skip_error(full_path(self.root, relpath), exc)
             return False
 
-    def remove_empty_dir(self, chain: walker.DirChain, relpath: str, dst: os.stat_result) -> None:
-        # dst was taken when the directory was opened, before its contents were cleaned;
-        # reading a directory bumps its atime, so directories are aged by mtime/ctime only.
+    def remove_empty_dir(self, chain: walker.DirChain, relpath: str, changed: float) -> None:
+        # changed: the directory's mtime/ctime before its contents were cleaned; reading a
+        # directory bumps its atime, so directories are aged by mtime/ctime only.
         ctx = self.ctx
-        if ctx.dry_run or ctx.now - max(dst.st_mtime, dst.st_ctime) < ctx.policy.older_than:
+        if ctx.dry_run or ctx.now - changed < ctx.policy.older_than:
             return
         try:
             os.rmdir(relpath.rpartition("/")[2], dir_fd=chain.parent_fd)  # the kernel refuses a non-empty directory

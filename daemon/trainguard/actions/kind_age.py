@@ -17,7 +17,7 @@ import os
 import stat as stat_mod
 from dataclasses import dataclass, field
 
-from trainguard.actions import age_delete, walker
+from trainguard.actions import age_delete, unittree, walker
 from trainguard.actions import policies as sel
 from trainguard.actions.age_judge import Busy, make_enters, make_judge
 from trainguard.actions.guard import Root
@@ -127,6 +127,7 @@ class _Pass1:
         is_dir_mode, freed = stat_mod.S_ISDIR, sel.freed_bytes
         order_mul, order_mask = walker.ORDER_MUL, walker.ORDER_MASK
         fd, prefix, pos, marks, order = lst.fd, lst.prefix, lst.pos, lst.marks, lst.order
+        dry = self.ctx.dry_run
         try:
             for dirent in lst.entries:
                 pos += 1
@@ -152,8 +153,10 @@ class _Pass1:
                     if not is_dir:
                         plan.total_bytes += freed(st)
                     continue
-                age_ts, nbytes, files, _unit = judged
+                age_ts, nbytes, files, is_unit = judged
                 age = now - age_ts
+                if dry and self.held(fd, name, path, st, is_unit):
+                    continue  # a dry run's count is final: what is open now would be kept
                 plan.total_bytes += nbytes
                 if all_hist is not None:
                     all_hist.add(age, nbytes, files)
@@ -171,6 +174,14 @@ class _Pass1:
                         marks = _mark(marks, pos)
         finally:
             lst.pos, lst.marks, lst.order = pos, marks, order
+
+    def held(self, fd: int, name: str, relpath: str, st, is_unit: bool) -> bool:
+        of = self.ctx.tools.open_files
+        inodes = unittree.measure_unit(fd, name, st.st_dev).inodes if is_unit else ((st.st_dev, st.st_ino),)
+        if of.any_open(inodes):
+            self.ctx.skip_open(self.prefix + relpath, inodes)
+            return True
+        return False
 
     def delete_now(self, fd: int, name: str, relpath: str, st, nbytes: int, age: float) -> None:
         """One-pass delete of a file just judged from its lstat: open-file check, then unlink
