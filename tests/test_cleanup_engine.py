@@ -139,8 +139,8 @@ def test_the_summary_names_the_top_directories(tmp_path):
 def test_one_pass_removes_directories_it_emptied(tmp_path):
     root = tmp_path / "root"
     make(root / "gone" / "old.dat", age=10 * DAY)
-    make(root / "kept" / "new.dat", age=0)
+    make(root / "kept" / "new.dat", age=-4 * DAY)  # one day old at the runner's clock
     for d in ("gone", "kept"):
         os.utime(root / d, (time.time() - 10 * DAY,) * 2)
-    report = runner(tmp_path, DAY).run(policy(roots=[str(root)], **ONE_PASS))
+    report = runner(tmp_path, 5 * DAY).run(policy(roots=[str(root)], **ONE_PASS))  # ctimes: 5 days old
     assert names(root) == {"kept", "kept/new.dat"} and report.dirs_removed == 1
