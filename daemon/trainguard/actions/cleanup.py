@@ -30,6 +30,7 @@ from trainguard.actions.audit import AuditLog
 from trainguard.actions.guard import Root, bytes_above, max_delete_guard, open_root, watermark_need
 from trainguard.actions.kind_age import AgeKind
 from trainguard.actions.kind_checkpoints import CheckpointsKind
+from trainguard.actions.kind_hf import HfKind
 from trainguard.actions.plan import Ctx, Kind, Planned, Tools
 from trainguard.actions.report import (  # re-exported: the CLI, worker and tests use them
     CleanupReport,
@@ -52,7 +53,7 @@ KINDS: dict[str, Kind] = {
     "checkpoints": CheckpointsKind(),
     "age": _AGE,
     "pip-cache": _AGE,
-    "huggingface-cache": _AGE,
+    "huggingface-cache": HfKind(),
     "torch-cache": _AGE,
     "conda-cache": _AGE,
 }

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from typing import NamedTuple
 
 from trainguard.actions.walker import Hook, WalkProblem, mount_id, open_dir_at, walk
@@ -15,7 +16,7 @@ class UnitStats(NamedTuple):
     bytes: int  # freed by deleting it (multi-linked files count 0)
     files: int
     newest_change: float  # newest mtime/ctime inside: is it still being written?
-    newest_access: float  # newest atime or mtime of a file inside: when it was last used
+    newest_access: float  # newest atime or mtime of a regular file inside: when it was last used
     inodes: list[tuple[int, int]]
     multi_linked: bool  # some file also lives elsewhere (e.g. a conda package linked into an env)
     problems: int
@@ -51,7 +52,8 @@ def measure_unit(parent_fd: int, name: str, dev: int, hook: Hook | None = None) 
             st = entry.st
             newest = max(newest, st.st_mtime, st.st_ctime)
             if not entry.is_dir:
-                accessed = max(accessed, st.st_atime, st.st_mtime)
+                if stat.S_ISREG(st.st_mode):  # a symlink's own times are not a use of the data
+                    accessed = max(accessed, st.st_atime, st.st_mtime)
                 files += 1
                 if st.st_nlink > 1:
                     multi = True
