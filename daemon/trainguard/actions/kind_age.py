@@ -51,7 +51,7 @@ class AgeKind:
         # no max_delete guard, no size cap, no watermark, no dry run.
         inline = (isinstance(policy, AgePolicy) and need is None and policy.max_delete is None
                   and not ctx.dry_run)
-        plan = _scan(ctx, root, remove_dirs, busy, inline)
+        plan = _scan(ctx, root, remove_dirs, busy, (inline, need is not None))
         if busy.why:
             return Planned(note=busy.why)
         if plan.young:
@@ -79,10 +79,12 @@ class AgeKind:
             ctx.tally.skipped[reason] = max(ctx.tally.skipped.get(reason, 0), n)
 
 
-def _scan(ctx: Ctx, root: Root, remove_dirs: bool, busy: Busy, inline: bool) -> AgePlan:
+def _scan(ctx: Ctx, root: Root, remove_dirs: bool, busy: Busy, mode: tuple[bool, bool]) -> AgePlan:
+    """mode: (inline: delete during the scan, watermark: a byte count must be met)."""
     policy, o = ctx.policy, root.opened
+    inline = mode[0]
     ctx.tools.open_files.refresh()
-    p1 = _Pass1(ctx, root, busy, inline)
+    p1 = _Pass1(ctx, root, busy, mode)
     for lst in walker.scan(o.fd, dev=o.dev, on_problem=p1.problem, hook=ctx.tools.hook, mnt=o.mnt):
         try:
             p1.listing(lst)
@@ -103,15 +105,19 @@ def _scan(ctx: Ctx, root: Root, remove_dirs: bool, busy: Busy, inline: bool) -> 
 class _Pass1:
     """Pass 1's state, shared by every listing of one root."""
 
-    def __init__(self, ctx: Ctx, root: Root, busy: Busy, inline: bool):
+    def __init__(self, ctx: Ctx, root: Root, busy: Busy, mode: tuple[bool, bool]):
         policy = ctx.policy
+        inline, watermark = mode
         self.ctx, self.root, self.inline, self.prefix = ctx, root, inline, root.path.rstrip("/") + "/"
+        # Pass 2 needs marks, unless this pass deletes or a dry run only counts.
+        self.marking = not inline and not (ctx.dry_run and ctx.tally.on_item is None)
         self.reason = sel.age_reason(policy, False)
         self.now, self.below, self.plan = ctx.now, root.below, AgePlan()
         self.all_hist = sel.AgeHistogram() if getattr(policy, "max_size", None) is not None else None
         self.older_than = policy.older_than
         # A size cap may take entries younger than older_than: mark every eligible one then.
         self.mark_from = -math.inf if self.all_hist is not None or self.older_than is None else self.older_than
+        self.hist = self.plan.hist if watermark or self.all_hist is not None else None  # cutoffs need it
         self.scratch = Ctx(policy, Tally(0, None), ctx.tools, ctx.dry_run, ctx.now)  # pass 2 counts skips again
         self.judge, self.enters = make_judge(self.scratch, busy), make_enters(policy)
 
@@ -123,15 +129,17 @@ class _Pass1:
         per-entry objects beyond the stat result. Stops early (lst.enter set) to descend."""
         now, below, judge, enters, plan = self.now, self.below, self.judge, self.enters, self.plan
         all_hist, older_than, mark_from, skip = self.all_hist, self.older_than, self.mark_from, self.scratch.tally.skip
-        dev, hist = lst.st.st_dev, plan.hist
+        dev, hist, marking, inline = lst.st.st_dev, self.hist, self.marking, self.inline
         is_dir_mode, freed = stat_mod.S_ISDIR, sel.freed_bytes
         order_mul, order_mask = walker.ORDER_MUL, walker.ORDER_MASK
         fd, prefix, pos, marks, order = lst.fd, lst.prefix, lst.pos, lst.marks, lst.order
         dry = self.ctx.dry_run
+        open_keys = self.ctx.tools.open_files.keys()  # a dry run's count checks open files too
         try:
             for dirent in lst.entries:
                 pos += 1
-                order = (order * order_mul ^ dirent.inode()) & order_mask  # walker.listing_order
+                if marking:
+                    order = (order * order_mul ^ dirent.inode()) & order_mask  # walker.listing_order
                 name = dirent.name
                 path = prefix + name
                 if below and path in below:
@@ -155,22 +163,23 @@ class _Pass1:
                     continue
                 age_ts, nbytes, files, is_unit = judged
                 age = now - age_ts
-                if dry and self.held(fd, name, path, st, is_unit):
+                if dry and (is_unit or (st.st_dev, st.st_ino) in open_keys) and self.held(fd, name, path, st, is_unit):
                     continue  # a dry run's count is final: what is open now would be kept
                 plan.total_bytes += nbytes
                 if all_hist is not None:
                     all_hist.add(age, nbytes, files)
                 if older_than is None or age >= older_than:
-                    hist.add(age, nbytes, files)
+                    if hist is not None:
+                        hist.add(age, nbytes, files)
                     if older_than is not None:
                         plan.expired_files += files
                         plan.expired_bytes += nbytes
                 else:
                     plan.young += files
                 if age >= mark_from:
-                    if self.inline:
+                    if inline:
                         self.delete_now(fd, name, path, st, nbytes, age)
-                    else:
+                    elif marking:
                         marks = _mark(marks, pos)
         finally:
             lst.pos, lst.marks, lst.order = pos, marks, order

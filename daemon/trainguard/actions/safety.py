@@ -186,6 +186,11 @@ class OpenFiles:
         if self._built_at is None or self.clock() - self._built_at > self.max_age:
             self.refresh()
 
+    def keys(self):
+        """The (dev, ino) index itself, for a hot loop's first look (then is_open or holder)."""
+        self._fresh()
+        return _AnyDevKeys(self._keys)
+
     def is_open(self, dev: int, ino: int) -> bool:
         self._fresh()
         return (dev, ino) in self._keys or (_ANY_DEV, ino) in self._keys
@@ -215,6 +220,19 @@ class OpenFiles:
         if len(cmd) > 60:
             cmd = cmd[:57] + "..."
         return f"PID {pid} ({cmd})" if cmd else f"PID {pid}"
+
+
+class _AnyDevKeys:
+    """`key in` on the index, counting an inode open on a loose-device filesystem as open anywhere."""
+
+    __slots__ = ("_keys", "_loose")
+
+    def __init__(self, keys: dict[tuple[int, int], int]):
+        self._keys = keys
+        self._loose = any(dev == _ANY_DEV for dev, _ino in keys)
+
+    def __contains__(self, key: tuple[int, int]) -> bool:
+        return key in self._keys or (self._loose and (_ANY_DEV, key[1]) in self._keys)
 
 
 def _fdinfo(path: str) -> tuple[int | None, int | None]:
