@@ -7,8 +7,6 @@ import contextlib
 import os
 import sqlite3
 import subprocess
-import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -19,7 +17,7 @@ from trainguard.actions.cleanup import findings_for
 from trainguard.records import Severity
 
 from tests.support.cli import cli_env, trainguard
-from tests.test_cleanup import DAY, make, policy, runner
+from tests.test_cleanup import DAY, holder, make, policy, runner
 
 
 @contextlib.contextmanager
@@ -118,22 +116,9 @@ def test_a_bind_mount_of_the_same_filesystem_is_not_entered_by_the_age_walk(tmp_
 
 
 @contextlib.contextmanager
-def held_open(path: Path):
-    """A real child process that keeps path open until the block ends."""
-    code = f"f = open({str(path)!r}, 'rb')\nprint('ready', flush=True)\nimport sys; sys.stdin.read()"
-    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "ready"
-        yield proc
-    finally:
-        proc.stdin.close()
-        proc.wait(10)
-
-
-@contextlib.contextmanager
 def hung_share_with_open_file(slowfs):
     (slowfs.mountpoint / "shared.dat").write_bytes(b"x" * 100)
-    with held_open(slowfs.mountpoint / "shared.dat"):
+    with holder(slowfs.mountpoint / "shared.dat", "open"):
         slowfs.block("getattr")
         try:
             yield
@@ -145,19 +130,7 @@ def test_cleanup_command_finishes_while_a_file_is_open_on_a_hung_share(tmp_path,
     # The share is mounted below the root (tmp_path/mnt): pruned by the walk, and its open
     # file must not be stat'ed when the open-file index is built.
     make(tmp_path / "old.dat", age=40 * DAY)
-    cfg = tmp_path / "config.toml"
-    cfg.write_text(textwrap.dedent(f"""
-        [general]
-        state_dir = "{tmp_path / 'state'}"
-        [[cleanup]]
-        name = "scratch"
-        type = "age"
-        roots = ["{tmp_path}"]
-        age_by = ["mtime"]
-        older_than = "7d"
-        grace = "0s"
-        exclude = ["state", "config.toml"]
-    """))
+    cfg = write_config(tmp_path, str(tmp_path), 'older_than = "7d"\nexclude = ["state", "config.toml"]\n')
     with hung_share_with_open_file(slowfs):
         started = time.monotonic()
         done = trainguard("cleanup", "--config", str(cfg), timeout=30)

@@ -3,18 +3,16 @@ and a summary that says why nothing goes."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
-import subprocess
-import sys
-import textwrap
 import time
-from pathlib import Path
 
 from trainguard.actions.safety import OpenFiles
 
 from tests.support.cli import trainguard
-from tests.test_cleanup import DAY, make, names, policy, runner
+from tests.test_cleanup import DAY, holder, make, names, policy, runner
+from tests.test_cleanup_attacks import write_config
 
 ONE_PASS = dict(type="age", age_by=["mtime"], max_delete=False, older_than="3d")
 
@@ -53,20 +51,12 @@ def test_one_pass_a_file_opened_between_judging_and_deleting_stays(tmp_path):
 
     def hook(event: str, relpath: str) -> None:
         if event == "judged" and relpath == "held.dat":
-            code = f"f = open({str(target)!r}, 'rb')\nprint('ready', flush=True)\nimport sys; sys.stdin.read()"
-            proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    text=True)
-            assert proc.stdout.readline().strip() == "ready"
-            holders.append(proc)
+            holders.append(stack.enter_context(holder(target, "open")))
             now[0] += 2.0  # the index is at most max_age (1s) old: the next check reads /proc again
 
-    try:
+    with contextlib.ExitStack() as stack:
         report = runner(tmp_path, DAY, hook=hook, open_files=OpenFiles(clock=lambda: now[0])).run(
             policy(roots=[str(root)], **ONE_PASS))
-    finally:
-        for proc in holders:
-            proc.stdin.close()
-            proc.wait(10)
     assert target.exists() and not (root / "free.dat").exists()
     assert report.skipped["open"] == 1 and report.holders and f"PID {holders[0].pid}" in report.holders[0]
 
@@ -99,27 +89,10 @@ def test_dry_run_says_why_nothing_would_go(tmp_path):
     for i in range(3):
         make(root / f"new{i}.dat", age=DAY)  # newer than older_than
     held = make(root / "held.dat", age=30 * DAY)
-    cfg = tmp_path / "config.toml"
-    cfg.write_text(textwrap.dedent(f"""
-        [general]
-        state_dir = "{tmp_path / 'state'}"
-        [[cleanup]]
-        name = "scratch"
-        type = "age"
-        roots = ["{root}"]
-        age_by = ["mtime"]
-        older_than = "7d"
-        grace = "0s"
-    """))
-    code = f"f = open({str(held)!r}, 'rb')\nprint('ready', flush=True)\nimport sys; sys.stdin.read()"
-    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "ready"
+    cfg = write_config(tmp_path, str(root), 'older_than = "7d"\n')
+    with holder(held, "open") as proc:
         dry = trainguard("cleanup", "--dry-run", "--config", str(cfg), timeout=60)
         real = trainguard("cleanup", "--config", str(cfg), timeout=60)
-    finally:
-        proc.stdin.close()
-        proc.wait(10)
     assert dry.returncode == 0, dry.stderr
     assert "would delete" not in dry.stdout  # per-file lines only with --verbose
     assert "3 newer than older_than" in dry.stdout, dry.stdout

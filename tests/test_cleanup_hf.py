@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-from tests.test_cleanup import DAY, names, policy, runner
+from tests.test_cleanup import DAY, holder, names, policy, runner
 
 
 def blob(repo: Path, name: str, size: int, used_days_ago: float) -> Path:
@@ -67,23 +65,7 @@ def test_a_repo_open_by_a_process_is_never_touched(tmp_path):
     hub = tmp_path / "hub"
     repo = hf_repo(hub, "models--org--busy", recent_days=40, old_days=50)
     before = names(repo)
-    code = (f"f = open({str(repo / 'snapshots' / 'aaaa' / 'model.safetensors')!r}, 'rb')\n"
-            "print('ready', flush=True)\nimport sys; sys.stdin.read()")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "ready"
-        code2 = (f"f = open({str(repo / 'blobs' / 'w_old')!r}, 'rb')\n"
-                 "print('ready', flush=True)\nimport sys; sys.stdin.read()")
-        proc2 = subprocess.Popen([sys.executable, "-c", code2], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                 text=True)
-        try:
-            assert proc2.stdout.readline().strip() == "ready"
-            report = runner(tmp_path, 0).run(policy(type="huggingface-cache", roots=[str(hub)], older_than="7d",
-                                                    grace="0s"))
-        finally:
-            proc2.stdin.close()
-            proc2.wait(10)
-    finally:
-        proc.stdin.close()
-        proc.wait(10)
+    with holder(repo / "snapshots" / "aaaa" / "model.safetensors", "open"), holder(repo / "blobs" / "w_old", "open"):
+        report = runner(tmp_path, 0).run(policy(type="huggingface-cache", roots=[str(hub)], older_than="7d",
+                                                grace="0s"))
     assert names(repo) == before and report.files == 0 and report.skipped.get("open", 0) >= 1
