@@ -418,7 +418,8 @@ def test_cache_dirs_located_like_the_tools():
     homes = ["/home/alice", "/root"]
     assert sel.cache_dirs("pip-cache", env, homes, as_root=True, own_home="/root") == [
         "/data/pipcache", "/home/alice/.cache/pip", "/root/.cache/pip"]
-    assert sel.cache_dirs("huggingface-cache", env, [], as_root=False, own_home="/root") == ["/data/hf/hub"]
+    assert sel.cache_dirs("huggingface-cache", env, [], as_root=False, own_home="/root") == [
+        "/data/hf/hub", "/data/hf/xet"]  # the hub cache and the xet chunk cache
     assert sel.cache_dirs("torch-cache", env, [], as_root=False, own_home="/root") == ["/x/torch/hub"]
 
 

@@ -115,8 +115,8 @@ def _delete_one(ctx: Ctx, root: Root, cand: sel.Candidate) -> int:
         if (st.st_dev, st.st_ino) != (cand.dev, cand.ino):
             ctx.tally.skip("replaced", path, "not the entry that was judged")
             return 0
+        sized = _recheck(ctx, pfd, name, st, cand, path)
         now = ctx.tools.clock()
-        sized = _recheck(ctx, pfd, name, st, cand, now, path)
         if sized is None:
             return 0
         if not ctx.dry_run:
@@ -134,10 +134,10 @@ def _delete_one(ctx: Ctx, root: Root, cand: sel.Candidate) -> int:
         os.close(pfd)
 
 
-def _recheck(ctx: Ctx, pfd: int, name: str, st: os.stat_result, cand: sel.Candidate, now: float,
+def _recheck(ctx: Ctx, pfd: int, name: str, st: os.stat_result, cand: sel.Candidate,
              path: str) -> tuple[int, int] | None:
     """Grace, open files and mount points just before the delete: (bytes, files), or None to skip."""
-    of = ctx.tools.open_files
+    of, now = ctx.tools.open_files, ctx.tools.clock()
     if cand.is_unit:
         unit = unittree.measure_unit(pfd, name, st.st_dev, ctx.tools.hook)
         of.refresh()  # just before the delete
