@@ -6,6 +6,8 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.test_cleanup import DAY, holder, names, policy, runner
 
 
@@ -69,3 +71,20 @@ def test_a_repo_open_by_a_process_is_never_touched(tmp_path):
         report = runner(tmp_path, 0).run(policy(type="huggingface-cache", roots=[str(hub)], older_than="7d",
                                                 grace="0s"))
     assert names(repo) == before and report.files == 0 and report.skipped.get("open", 0) >= 1
+
+
+def test_the_layout_read_agrees_with_huggingface_hub(tmp_path):
+    scan_cache_dir = pytest.importorskip("huggingface_hub").scan_cache_dir
+    hub = tmp_path / "hub"
+    repo = hf_repo(hub, "models--org--m", recent_days=0.5, old_days=30)
+    (repo / "refs" / "pr").mkdir()
+    (repo / "refs" / "pr" / "1").write_text("cccc")  # a ref below refs/ still counts
+    snapshot(repo, "cccc", {"model.safetensors": "w_pr"})
+    blob(repo, "w_pr", 100, 30)
+    info = scan_cache_dir(hub)
+    (hf,) = info.repos
+    detached_by_hub = {r.commit_hash for r in hf.revisions if not r.refs}
+    assert detached_by_hub == {"bbbb"}
+    runner(tmp_path, 0).run(policy(type="huggingface-cache", roots=[str(hub)], older_than="7d", grace="0s"))
+    left = {p.name for p in (repo / "snapshots").iterdir()}
+    assert left == {r.commit_hash for r in hf.revisions} - detached_by_hub
