@@ -14,7 +14,8 @@ from trainguard.units import format_bytes
 log = logging.getLogger("trainguard.actions.cleanup")
 
 MAX_TOP_DIRS = 4096  # directories tallied for "top directories"; later ones count under "(other)"
-QUIET_REASONS = ("grace", "open", "busy-run", "excluded", "young", "not-mirrored", "mount-point")
+QUIET_REASONS = ("grace", "open", "busy-run", "excluded", "young", "kept", "not-mirrored")
+NOT_SKIPS = ("young", "kept")  # counted for the "why nothing" line, not shown as skips
 
 
 def printable(path: str) -> str:
@@ -156,8 +157,9 @@ def describe(report: CleanupReport) -> str:
         return f"cleanup {report.policy}: stopped, nothing deleted: {report.guard}"
     where = ", ".join(report.mounts) or ", ".join(r.root for r in report.roots) or "no roots"
     line = f"cleanup {report.policy} ({report.trigger}) {verb} {format_bytes(report.bytes)} on {where} ({report.files} files)"
-    if report.skipped:
-        line += "; skipped " + ", ".join(f"{n} {reason}" for reason, n in sorted(report.skipped.items()))
+    skipped = sorted((r, n) for r, n in report.skipped.items() if r not in NOT_SKIPS)
+    if skipped:
+        line += "; skipped " + ", ".join(f"{n} {reason}" for reason, n in skipped)
     if report.blocked:
         line += "; cannot delete: " + "; ".join(report.blocked)
     return line
