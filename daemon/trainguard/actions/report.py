@@ -4,7 +4,6 @@ per-policy summaries (with the reasons when nothing goes) and the findings for t
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
@@ -21,6 +20,8 @@ NOT_SKIPS = ("young", "kept")  # counted for the "why nothing" line, not shown a
 def printable(path: str) -> str:
     """A path as text any terminal, log or database takes: bytes that are not UTF-8 (kept by
     os.fsdecode as surrogates) are shown escaped, as \\xff; control characters too."""
+    if path.isascii() and path.isprintable():
+        return path  # the common case, once per deleted file
     try:
         path.encode("utf-8")
     except UnicodeEncodeError:
@@ -136,7 +137,7 @@ class Tally:
             self._top(path, nbytes, files)
 
     def _top(self, path: str, nbytes: int, files: int) -> None:
-        parent = os.path.dirname(path.rstrip("/"))
+        parent = path.rstrip("/").rpartition("/")[0]
         slot = self.top.get(parent)
         if slot is None:
             if len(self.top) >= MAX_TOP_DIRS:
