@@ -1,16 +1,18 @@
-"""Cleanup throughput and memory against `find ROOT -type f -mtime +7 -delete`, same run, same disk.
+"""Cleanup throughput and memory against find, same run, same disk, identical trees.
 
-Builds two identical trees of N files (half of them 30 days old, half fresh) in
-directories of 500 files, then times:
-  find  : find A -type f -mtime +7 -delete
-  tg    : an age policy (older_than 7d, by mtime) on B: plan pass + delete pass,
-          with the open-file index, grace and identity checks and the audit log in
-          the state database
-  scan  : the same policy as a dry run on a fresh copy (scan + select only)
-and the peak RSS of a process that only scans (dry run), on a tenth of the tree and
-on all of it: it should not grow with the tree.
+For each size (default 200k and 1M files) builds three identical trees (half of the files
+30 days old, half fresh, 500 per directory) and times, in this order:
+  find -print : find B -type f -mtime +7 -print (to a pipe, counted)
+  dry run     : an age policy (older_than 7d, by mtime) as a dry run on B (one scan, no deletion pass)
+  find -delete: find A -type f -mtime +7 -delete
+  cleanup     : the same policy for real on B (max_delete = false: one pass, judge and delete
+                in the same walk), with the open-file index, grace and identity checks and the
+                audit log in the state database
+  guarded     : the same with a max_delete guard on C (two passes: plan, then delete)
+and the RSS growth of the cleanup process (peak RSS during the run minus RSS before it).
+Targets (issue 15): cleanup <= 1.3x find -delete, dry run <= 1.5x find -print, RSS growth < 20 MiB.
 
-    PYTHONPATH=daemon python bench/cleanup_bench.py --files 50000
+    PYTHONPATH=daemon python bench/cleanup_bench.py --files 200000 1000000
 """
 
 from __future__ import annotations
@@ -30,22 +32,15 @@ PER_DIR = 500
 
 def build(root: str, files: int) -> None:
     old = time.time() - 30 * DAY
-    dirs = max(1, files // PER_DIR)
-    n = 0
-    for d in range(dirs):
-        # part0 holds a tenth of the directories: the small tree for the memory comparison
-        part = "part0" if d < max(1, dirs // 10) else "part1"
-        path = os.path.join(root, part, f"d{d:05d}")
+    for d in range(max(1, -(-files // PER_DIR))):
+        path = os.path.join(root, f"d{d:05d}")
         os.makedirs(path)
-        for i in range(PER_DIR):
-            if n >= files:
-                return
+        for i in range(min(PER_DIR, files - d * PER_DIR)):
             name = os.path.join(path, f"f{i:04d}.tmp")
             with open(name, "wb"):
                 pass
             if i % 2 == 0:
                 os.utime(name, (old, old))
-            n += 1
 
 
 CHILD = r"""
@@ -56,59 +51,79 @@ from trainguard.actions.cleanup import CleanupRunner
 from trainguard.store.state import StateDb
 root, dry, state_dir = sys.argv[1], sys.argv[2] == "dry", sys.argv[3]
 pol = config.parse({"cleanup": [{"name": "bench", "type": "age", "roots": [root], "older_than": "7d",
-    "age_by": ["mtime"], "grace": "0s", "max_delete": 10**9, "remove_empty_dirs": False}]}, "bench").cleanup[0]
+    "age_by": ["mtime"], "grace": "0s", "max_delete": sys.argv[4] if sys.argv[4] != "none" else False,
+    "remove_empty_dirs": False}]}, "bench").cleanup[0]
 # The audit log in the daemon's own state database (WAL), as `trainguard cleanup` writes it.
 audit = None if dry else AuditLog(StateDb(state_dir).connect())
+runner = CleanupRunner([], audit=audit, homes=frozenset(), max_items=0)
+def rss_kib():
+    with open("/proc/self/status") as fh:
+        return next(int(l.split()[1]) for l in fh if l.startswith("VmRSS:"))
+before = rss_kib()
 t = time.perf_counter()
-rep = CleanupRunner([], audit=audit, homes=frozenset(), max_items=0).run(pol, dry_run=dry)
+rep = runner.run(pol, dry_run=dry)
 dt = time.perf_counter() - t
-print(json.dumps({"seconds": dt, "files": rep.files, "rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"seconds": dt, "files": rep.files, "growth_kib": peak - before}))
 """
 
 
-def child(root: str, dry: bool, db: str) -> dict:
+def child(root: str, dry: bool, db: str, max_delete: str = "none") -> dict:
     env = {**os.environ, "PYTHONPATH": os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "daemon")}
-    out = subprocess.run([sys.executable, "-c", CHILD, root, "dry" if dry else "real", db],
+    out = subprocess.run([sys.executable, "-c", CHILD, root, "dry" if dry else "real", db, max_delete],
                          capture_output=True, text=True, env=env, check=True)
     return json.loads(out.stdout)
 
 
+def timed(argv: list[str]) -> tuple[float, int]:
+    t = time.perf_counter()
+    out = subprocess.run(argv, check=True, stdout=subprocess.PIPE).stdout
+    return time.perf_counter() - t, out.count(b"\n")
+
+
+def one_size(base: str, files: int) -> dict:
+    a, b, c, state = (os.path.join(base, f"{x}{files}") for x in ("a", "b", "c", "state"))
+    t = time.perf_counter()
+    for tree in (a, b, c):
+        build(tree, files)
+    subprocess.run(["sync"], check=False)
+    print(f"built 3 x {files} files in {time.perf_counter() - t:.1f}s under {base}")
+    print_s, listed = timed(["find", b, "-type", "f", "-mtime", "+7", "-print"])
+    dry = child(b, True, "")
+    delete_s, _ = timed(["find", a, "-type", "f", "-mtime", "+7", "-delete"])
+    os.mkdir(state)
+    real = child(b, False, state)
+    guarded = child(c, False, state, f"{10 * files} files")
+    left_a = sum(len(f) for _, _, f in os.walk(a))
+    left_b = sum(len(f) for _, _, f in os.walk(b))
+    assert left_a == left_b and dry["files"] == listed == real["files"], (left_a, left_b, dry, listed, real)
+    shutil.rmtree(a, ignore_errors=True)
+    shutil.rmtree(b, ignore_errors=True)
+    shutil.rmtree(c, ignore_errors=True)
+    return {"guarded": guarded["seconds"], "files": files, "find_print": print_s, "dry": dry["seconds"], "find_delete": delete_s,
+            "cleanup": real["seconds"], "growth_mib": max(dry["growth_kib"], real["growth_kib"]) / 1024}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--files", type=int, default=50000)
+    ap.add_argument("--files", type=int, nargs="+", default=[200000, 1000000])
     ap.add_argument("--dir", default=None, help="where to build the trees (default: a temp dir on /var/tmp)")
     args = ap.parse_args()
     base = tempfile.mkdtemp(prefix="tg-cleanup-bench-", dir=args.dir or "/var/tmp")
     try:
-        a, b = os.path.join(base, "a"), os.path.join(base, "b")
-        t = time.perf_counter()
-        build(a, args.files)
-        build(b, args.files)
-        print(f"built 2 x {args.files} files in {time.perf_counter() - t:.1f}s under {base}")
-        subprocess.run(["sync"], check=False)
-
-        small = child(os.path.join(b, "part0"), True, "")
-        full = child(b, True, "")
-        t = time.perf_counter()
-        subprocess.run(["find", a, "-type", "f", "-mtime", "+7", "-delete"], check=True)
-        find_s = time.perf_counter() - t
-        os.mkdir(os.path.join(base, "state"))
-        real = child(b, False, os.path.join(base, "state"))
-        left_a = sum(len(f) for _, _, f in os.walk(a))
-        left_b = sum(len(f) for _, _, f in os.walk(b))
-        assert left_a == left_b, (left_a, left_b)
-        n = real["files"]
-        print(f"find -mtime +7 -delete : {find_s:7.2f}s  ({n / find_s:9.0f} files/s)  reference")
-        print(f"trainguard cleanup     : {real['seconds']:7.2f}s  ({n / real['seconds']:9.0f} files/s)  "
-              f"{real['seconds'] / find_s:.2f}x find  ({n} deleted, audited)")
-        print(f"trainguard scan+select : {full['seconds']:7.2f}s  (dry run)                   "
-              f"{full['seconds'] / find_s:.2f}x find")
-        print(f"peak RSS, scan only    : {small['rss_kib'] / 1024:.1f} MiB on {args.files // 10} files, "
-              f"{full['rss_kib'] / 1024:.1f} MiB on {args.files} files  "
-              f"({full['rss_kib'] / small['rss_kib']:.2f}x for 10x the files)")
-        print(f"target: cleanup within 1.5x of find -> {'met' if real['seconds'] <= 1.5 * find_s else 'not met'}")
+        rows = [one_size(base, n) for n in args.files]
     finally:
         shutil.rmtree(base, ignore_errors=True)
+    print(f"{'files':>9} | {'find -delete':>12} | {'cleanup':>8} | {'ratio':>6} | {'find -print':>11} | "
+          f"{'dry run':>8} | {'ratio':>6} | RSS growth | with max_delete (two passes)")
+    for r in rows:
+        print(f"{r['files']:>9} | {r['find_delete']:>11.2f}s | {r['cleanup']:>7.2f}s | "
+              f"{r['cleanup'] / r['find_delete']:>5.2f}x | {r['find_print']:>10.2f}s | {r['dry']:>7.2f}s | "
+              f"{r['dry'] / r['find_print']:>5.2f}x | {r['growth_mib']:>6.1f} MiB | "
+              f"{r['guarded']:.2f}s, {r['guarded'] / r['find_delete']:.2f}x")
+        met = (r["cleanup"] <= 1.3 * r["find_delete"], r["dry"] <= 1.5 * r["find_print"], r["growth_mib"] < 20)
+        print(f"{'':>9}   targets (delete <= 1.3x, dry <= 1.5x, RSS < 20 MiB): "
+              + ", ".join("met" if m else "NOT met" for m in met))
 
 
 if __name__ == "__main__":

@@ -75,11 +75,12 @@ def test_default_config_has_tmp_instance_switched_off():
 def test_symlinked_root_is_refused(tmp_path):
     real = tmp_path / "real"
     make(real / "old.pt")
+    pol = policy(type="age", roots=[str(tmp_path / "link")], age_by=["mtime"])  # the link comes after loading
     (tmp_path / "link").symlink_to(real)
     with pytest.raises(UnsafeRoot, match="symlink"):
         open_checked_root(str(tmp_path / "link"), frozenset())
     r = runner(tmp_path, DAY)
-    report = r.run(policy(type="age", roots=[str(tmp_path / "link")], age_by=["mtime"]))
+    report = r.run(pol)
     assert report.files == 0 and "symlink" in report.roots[0].note
     assert (real / "old.pt").exists()
 
@@ -417,7 +418,8 @@ def test_cache_dirs_located_like_the_tools():
     homes = ["/home/alice", "/root"]
     assert sel.cache_dirs("pip-cache", env, homes, as_root=True, own_home="/root") == [
         "/data/pipcache", "/home/alice/.cache/pip", "/root/.cache/pip"]
-    assert sel.cache_dirs("huggingface-cache", env, [], as_root=False, own_home="/root") == ["/data/hf/hub"]
+    assert sel.cache_dirs("huggingface-cache", env, [], as_root=False, own_home="/root") == [
+        "/data/hf/hub", "/data/hf/xet"]  # the hub cache and the xet chunk cache
     assert sel.cache_dirs("torch-cache", env, [], as_root=False, own_home="/root") == ["/x/torch/hub"]
 
 
@@ -575,7 +577,7 @@ def test_cli_cleanup_dry_run_then_real_run_then_status(tmp_path):
         grace = "0s"
     """))
     before = listing(root)
-    dry = run_cli(tmp_path, "cleanup", "--config", str(cfg), "--dry-run", "--policy", "ckpt")
+    dry = run_cli(tmp_path, "cleanup", "--config", str(cfg), "--dry-run", "--verbose", "--policy", "ckpt")
     assert dry.returncode == 0, dry.stderr
     assert listing(root) == before
     assert dry.stdout.count("would delete") == 3 and "step1.pt" in dry.stdout and "keep_last=4" in dry.stdout

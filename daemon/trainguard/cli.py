@@ -216,7 +216,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
     from trainguard.actions.audit import AuditLog
-    from trainguard.actions.cleanup import CleanupRunner, Item, describe
+    from trainguard.actions.cleanup import CleanupRunner, Item
+    from trainguard.actions.report import printable, summary_lines
     from trainguard.store.state import StateDb, StateDirError, choose_state_dir
     from trainguard.units import format_bytes, format_duration
 
@@ -249,24 +250,18 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
             print(f"trainguard: {exc}", file=sys.stderr)
             return EXIT_CONFIG
         audit = AuditLog(db.connect())
-    runner = CleanupRunner(chosen, audit=audit, proc_root=loaded.config.general.proc_root)
+    runner = CleanupRunner(chosen, audit=audit, proc_root=loaded.config.general.proc_root,
+                           mirrors=loaded.config.mirror)
     verb = "would delete" if args.dry_run else "deleted"
 
     def show(item: Item) -> None:
         kind = "dir " if item.unit else ""
-        print(f"{verb} {kind}{item.path}  {format_bytes(item.bytes)}  age {format_duration(item.age_s)}  {item.reason}")
+        print(f"{verb} {kind}{printable(item.path)}  {format_bytes(item.bytes)}  age {format_duration(item.age_s)}  {item.reason}")
 
     status = EXIT_OK
     for policy in chosen:
-        report = runner.run(policy, trigger="manual", dry_run=args.dry_run, on_item=show)
-        for root in report.roots:
-            line = f"  {root.root}: {root.files} files, {format_bytes(root.bytes)}"
-            if root.mount:
-                line += f" on {root.mount}"
-            if root.note:
-                line += f" ({root.note})"
-            print(line)
-        print(describe(report))
+        report = runner.run(policy, trigger="manual", dry_run=args.dry_run, on_item=show if args.verbose else None)
+        print("\n".join(summary_lines(report)))
         if report.guard:
             status = EXIT_CRITICAL
     if audit is not None:
@@ -436,6 +431,8 @@ def build_parser() -> argparse.ArgumentParser:
     parsers["cleanup"].add_argument("--dry-run", action="store_true",
                                     help="list what would be deleted, why, and the bytes; touch nothing")
     parsers["cleanup"].add_argument("--policy", metavar="NAME", help="only this policy (by its name)")
+    parsers["cleanup"].add_argument("--verbose", "-v", action="store_true",
+                                    help="one line per file or unit (default: a summary per policy)")
     parsers["test-alert"].add_argument("--target", "-t", action="append", metavar="NAME",
                                        help="only this target (repeat for more; default: all)")
     parsers["test-alert"].add_argument("--severity", choices=["info", "warning", "critical"], default="warning",

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import pwd
+import stat
+import threading
 from typing import Iterable
 
 # Directories that are never a cleanup root themselves (their children may be).
@@ -59,3 +61,33 @@ def check_root_text(root: str, homes: frozenset[str] | None = None) -> str:
     if norm in homes or os.path.dirname(norm) == "/home":
         raise UnsafeRoot(f"root {norm!r} is a home directory itself; name a directory inside it")
     return norm
+
+
+def check_root_on_disk(norm: str, timeout: float = 2.0) -> None:
+    """Config-time look at the root itself: refuse a symlink (to / or anywhere) and a non-directory.
+
+    The lstat runs on a helper thread: a root below a hung share is left to the run-time
+    check (which refuses it too) instead of hanging the configuration load.
+    """
+    result: list[os.stat_result | OSError] = []
+    worker = threading.Thread(target=lambda: result.append(_lstat(norm)), name="rootcheck", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if not result or isinstance(result[0], OSError):
+        return  # missing (may be created later), unreadable or not answering: checked again at run time
+    st = result[0]
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            target = os.readlink(norm)
+        except OSError:
+            target = "?"
+        raise UnsafeRoot(f"root {norm!r} is a symlink (to {target!r}); configure the real directory")
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeRoot(f"root {norm!r} is not a directory")
+
+
+def _lstat(path: str) -> os.stat_result | OSError:
+    try:
+        return os.lstat(path)
+    except OSError as exc:
+        return exc

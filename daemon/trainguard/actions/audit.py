@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from trainguard.actions.report import printable
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS cleanup_audit (
     ts REAL NOT NULL,
@@ -58,7 +60,7 @@ class AuditLog:
 
 
     def record(self, policy: str, mount: str, path: str, nbytes: int, files: int, reason: str) -> None:
-        self._pending.append((self.clock(), policy, mount, path, nbytes, files, reason))
+        self._pending.append((self.clock(), policy, mount, printable(path), nbytes, files, reason))
         total = self._totals.setdefault(policy, [0, 0])
         total[0] += files
         total[1] += nbytes

@@ -233,10 +233,10 @@ def cache_dirs(
         if kind == "pip-cache":
             return [env.get("PIP_CACHE_DIR") or os.path.join(xdg(home, env), "pip")]
         if kind == "huggingface-cache":
-            if env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE"):
-                return [env.get("HF_HUB_CACHE") or env["HUGGINGFACE_HUB_CACHE"]]
+            # The hub cache (repos) and the xet chunk cache (content-addressed: any chunk may go).
             hf_home = env.get("HF_HOME") or os.path.join(xdg(home, env), "huggingface")
-            return [os.path.join(hf_home, "hub")]
+            hub = env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE") or os.path.join(hf_home, "hub")
+            return [hub, env.get("HF_XET_CACHE") or os.path.join(hf_home, "xet")]
         if kind == "torch-cache":
             torch_home = env.get("TORCH_HOME") or os.path.join(xdg(home, env), "torch")
             return [os.path.join(torch_home, "hub")]
@@ -298,7 +298,7 @@ class AgeHistogram:
 
 def age_reason(policy: AgePolicy | CachePolicy, watermark: bool) -> str:
     """One reason per run (the entry's own age is in the item): cheap for a million files."""
-    by = "/".join(policy.age_by) if isinstance(policy, AgePolicy) else "atime/mtime/ctime"
+    by = "/".join(policy.age_by) if isinstance(policy, AgePolicy) else "atime/mtime"
     if watermark:
         return f"{policy.type}: oldest first until the {policy.low:.0%} watermark (unused by {by})"
     return f"{policy.type}: unused for more than {format_duration(policy.older_than)} (by {by})"

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from trainguard.actions.walker import mount_id
 from trainguard.rootcheck import (  # noqa: F401
     FORBIDDEN_TREES,
     SYSTEM_DIRS,
@@ -35,6 +36,7 @@ class OpenedRoot:
     fd: int
     dev: int
     ino: int
+    mnt: int | None = None  # its mount (walker.mount_id): the walk never enters another one
 
 
 def open_checked_root(root: str, homes: frozenset[str] | None = None) -> OpenedRoot:
@@ -67,7 +69,7 @@ def open_checked_root(root: str, homes: frozenset[str] | None = None) -> OpenedR
     if again is None or (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino) or os.path.realpath(norm) != norm:
         os.close(fd)
         raise UnsafeRoot(f"root {norm!r} changed while it was being opened")
-    return OpenedRoot(norm, fd, st.st_dev, st.st_ino)
+    return OpenedRoot(norm, fd, st.st_dev, st.st_ino, mount_id(fd))
 
 
 def mount_points(proc_root: str = "/proc") -> list[str]:
@@ -102,51 +104,69 @@ def mount_point_of(path: str) -> str:
 class OpenFiles:
     """Which (st_dev, st_ino) any process has open (fd) or mapped (mmap), from /proc.
 
-    Built in one sweep and refreshed when older than max_age seconds, so the check
-    just before a delete is never staler than that. Processes whose fds cannot be
-    read (another user's, when not root) are counted in .unreadable.
+    Built without touching the filesystems the files live on, so a file open on a hung
+    FUSE/NFS mount cannot wedge the sweep: the fd's inode and mount come from
+    /proc/PID/fdinfo/N (ino, mnt_id), the mount's device from /proc/PID/mountinfo
+    (read once per mount namespace), mappings from /proc/PID/maps. readlink of
+    /proc/PID/fd/N only names the file and skips sockets, pipes and anon inodes.
+    Refreshed when older than max_age seconds, so the check just before a delete is
+    never staler than that. Processes whose fds cannot be read (another user's, when
+    not root) are counted in .unreadable.
     """
 
     def __init__(self, proc_root: str = "/proc", *, max_age: float = 1.0, clock: Callable[[], float] = time.monotonic):
         self.proc_root = proc_root
         self.max_age = max_age
         self.clock = clock
-        self._keys: set[tuple[int, int]] = set()
+        self._keys: dict[tuple[int, int], int] = {}  # (dev, ino) -> a PID holding it
         self._built_at: float | None = None
         self.unreadable = 0
 
     def refresh(self) -> None:
-        keys: set[tuple[int, int]] = set()
+        keys: dict[tuple[int, int], int] = {}
         unreadable = 0
         self_pid = str(os.getpid())
+        devs_by_ns: dict[str, dict[int, int]] = {}
         try:
             pids = [p for p in os.listdir(self.proc_root) if p.isdigit()]
         except OSError as exc:
             log.warning("cleanup: cannot list %s (%s); open-file checks are blind", self.proc_root, exc.strerror)
             pids = []
         for pid in pids:
-            fd_dir = os.path.join(self.proc_root, pid, "fd")
+            if pid == self_pid:
+                continue  # our own directory fds are not users of the files
             try:
-                fds = os.listdir(fd_dir)
+                self._add_fds(pid, keys, devs_by_ns)
             except FileNotFoundError:
                 continue  # exited
             except OSError:
                 unreadable += 1
-                fds = []
-            for fd in fds:
-                if pid == self_pid:
-                    continue  # our own directory fds are not users of the files
-                try:
-                    st = os.stat(os.path.join(fd_dir, fd))  # follows the magic link to the open file
-                except OSError:
-                    continue
-                keys.add((st.st_dev, st.st_ino))
             self._add_maps(pid, keys)
         self._keys = keys
         self.unreadable = unreadable
         self._built_at = self.clock()
 
-    def _add_maps(self, pid: str, keys: set[tuple[int, int]]) -> None:
+    def _add_fds(self, pid: str, keys: dict[tuple[int, int], int], devs_by_ns: dict[str, dict[int, int]]) -> None:
+        base = os.path.join(self.proc_root, pid)
+        fds = os.listdir(os.path.join(base, "fd"))
+        devs: dict[int, int] | None = None
+        for fd in fds:
+            try:
+                target = os.readlink(os.path.join(base, "fd", fd))
+                if not target.startswith("/"):
+                    continue  # socket:[..], pipe:[..], anon_inode:..
+                mnt, ino = _fdinfo(os.path.join(base, "fdinfo", fd))
+            except OSError:
+                continue
+            if devs is None:
+                devs = _mount_devs(base, devs_by_ns)
+            dev = devs.get(mnt)
+            if dev is not None and ino is not None:
+                keys.setdefault((dev, ino), int(pid))
+                if dev in _LOOSE:  # see _mount_devs
+                    keys.setdefault((_ANY_DEV, ino), int(pid))
+
+    def _add_maps(self, pid: str, keys: dict[tuple[int, int], int]) -> None:
         # A safetensors/np.memmap user may close its fd and keep only the mapping.
         try:
             with open(os.path.join(self.proc_root, pid, "maps"), encoding="ascii", errors="replace") as fh:
@@ -156,21 +176,112 @@ class OpenFiles:
                         continue
                     major, _, minor = parts[3].partition(":")
                     try:
-                        keys.add((os.makedev(int(major, 16), int(minor, 16)), int(parts[4])))
+                        keys.setdefault((os.makedev(int(major, 16), int(minor, 16)), int(parts[4])), int(pid))
                     except ValueError:
                         continue
         except OSError:
             return
 
-    def is_open(self, dev: int, ino: int) -> bool:
+    def _fresh(self) -> None:
         if self._built_at is None or self.clock() - self._built_at > self.max_age:
             self.refresh()
-        return (dev, ino) in self._keys
+
+    def keys(self):
+        """The (dev, ino) index itself, for a hot loop's first look (then is_open or holder)."""
+        self._fresh()
+        return _AnyDevKeys(self._keys)
+
+    def is_open(self, dev: int, ino: int) -> bool:
+        self._fresh()
+        return (dev, ino) in self._keys or (_ANY_DEV, ino) in self._keys
 
     def any_open(self, inodes: Iterable[tuple[int, int]]) -> bool:
-        if self._built_at is None or self.clock() - self._built_at > self.max_age:
-            self.refresh()
-        return any(key in self._keys for key in inodes)
+        self._fresh()
+        return self.holder(inodes) is not None
+
+    def holder(self, inodes: Iterable[tuple[int, int]]) -> int | None:
+        """A PID that has one of inodes open or mapped (from the last refresh), or None."""
+        keys = self._keys
+        for dev, ino in inodes:
+            pid = keys.get((dev, ino))
+            if pid is None:
+                pid = keys.get((_ANY_DEV, ino))
+            if pid is not None:
+                return pid
+        return None
+
+    def describe(self, pid: int) -> str:
+        """'PID 812 (python train.py)' for reports."""
+        try:
+            with open(os.path.join(self.proc_root, str(pid), "cmdline"), "rb") as fh:
+                cmd = fh.read(4096).replace(b"\0", b" ").strip().decode("utf-8", "backslashreplace")
+        except OSError:
+            cmd = ""
+        if len(cmd) > 60:
+            cmd = cmd[:57] + "..."
+        return f"PID {pid} ({cmd})" if cmd else f"PID {pid}"
+
+
+class _AnyDevKeys:
+    """`key in` on the index, counting an inode open on a loose-device filesystem as open anywhere."""
+
+    __slots__ = ("_keys", "_loose")
+
+    def __init__(self, keys: dict[tuple[int, int], int]):
+        self._keys = keys
+        self._loose = any(dev == _ANY_DEV for dev, _ino in keys)
+
+    def __contains__(self, key: tuple[int, int]) -> bool:
+        return key in self._keys or (self._loose and (_ANY_DEV, key[1]) in self._keys)
+
+
+def _fdinfo(path: str) -> tuple[int | None, int | None]:
+    """(mnt_id, ino) of an open fd from its fdinfo: no access to the file's filesystem."""
+    mnt = ino = None
+    with open(path, "rb") as fh:
+        for line in fh:
+            if line.startswith(b"mnt_id:"):
+                mnt = int(line[7:])
+            elif line.startswith(b"ino:"):
+                ino = int(line[4:])
+    return mnt, ino
+
+
+# Filesystems whose st_dev is not the device mountinfo shows (btrfs subvolumes, overlayfs
+# with xino): an open inode there counts as open on any device (the safe side).
+_LOOSE_TYPES = (b"btrfs", b"overlay", b"bcachefs")
+_LOOSE: set[int] = set()
+_ANY_DEV = -1
+
+
+def _mount_devs(base: str, cache: dict[str, dict[int, int]]) -> dict[int, int]:
+    """mnt_id -> st_dev for the mount namespace of the process at base (cached per namespace)."""
+    try:
+        ns = os.readlink(os.path.join(base, "ns", "mnt"))
+    except OSError:
+        ns = base  # no namespace link: read this process's own table
+    found = cache.get(ns)
+    if found is not None:
+        return found
+    found = {}
+    try:
+        with open(os.path.join(base, "mountinfo"), "rb") as fh:
+            for line in fh:
+                parts = line.split(None, 3)
+                if len(parts) < 3:
+                    continue
+                major, _, minor = parts[2].partition(b":")
+                try:
+                    dev = found[int(parts[0])] = os.makedev(int(major), int(minor))
+                except ValueError:
+                    continue
+                fstype = line.partition(b" - ")[2].split(b" ", 1)[0]
+                if fstype in _LOOSE_TYPES:
+                    _LOOSE.add(dev)
+    except OSError:
+        pass
+    cache[ns] = found
+    return found
 
 
 def last_change(st: os.stat_result) -> float:

@@ -41,13 +41,37 @@ class WalkProblem(NamedTuple):
     detail: str
 
 
-def open_dir_at(parent_fd: int, name: str, expect_dev: int) -> int:
-    """Open a child directory relative to parent_fd, refusing symlinks and other filesystems."""
+def mount_id(fd: int) -> int | None:
+    """The mount an open fd lives on: the mnt_id of /proc/self/fdinfo, the first field of mountinfo.
+
+    Unlike st_dev, it tells a bind mount of a directory of the same filesystem from that
+    filesystem. None when /proc is not readable (then only st_dev is checked).
+    """
+    try:
+        with open(f"/proc/self/fdinfo/{fd}", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"mnt_id:"):
+                    return int(line[7:])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def check_same_mount(fd: int, expect_mnt: int | None, name: str) -> None:
+    """Raise EXDEV when fd is not on the mount expect_mnt (a mount point, e.g. a bind mount)."""
+    if expect_mnt is not None and mount_id(fd) not in (expect_mnt, None):
+        raise OSError(errno.EXDEV, "is a mount point (another mount is attached there)", name)
+
+
+def open_dir_at(parent_fd: int, name: str, expect_dev: int, expect_mnt: int | None = None) -> int:
+    """Open a child directory relative to parent_fd, refusing symlinks, other filesystems and
+    (given expect_mnt) mount points of the same filesystem."""
     fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
     try:
         st = os.fstat(fd)
         if st.st_dev != expect_dev:
             raise OSError(errno.EXDEV, "directory is on another filesystem", name)
+        check_same_mount(fd, expect_mnt, name)
         return fd
     except BaseException:
         os.close(fd)
@@ -57,11 +81,12 @@ def open_dir_at(parent_fd: int, name: str, expect_dev: int) -> int:
 def open_beneath(root_fd: int, relpath: str, expect_dev: int) -> int:
     """Open relpath's directory chain below root_fd one component at a time (no symlinks, one filesystem)."""
     fd = os.dup(root_fd)
+    mnt = mount_id(root_fd)
     try:
         for part in relpath.split("/") if relpath else ():
             if part in ("", ".", ".."):
                 raise OSError(errno.EINVAL, "unexpected path component", relpath)
-            child = open_dir_at(fd, part, expect_dev)
+            child = open_dir_at(fd, part, expect_dev, mnt)
             os.close(fd)
             fd = child
         return fd
@@ -73,12 +98,14 @@ def open_beneath(root_fd: int, relpath: str, expect_dev: int) -> int:
 def classify_error(exc: OSError) -> str:
     if exc.errno in (errno.EACCES, errno.EPERM):
         return "permission"
+    if exc.errno == errno.EROFS:
+        return "read-only"
     if exc.errno in (errno.ENOENT, errno.ESTALE):
         return "vanished"
     if exc.errno in (errno.ELOOP, errno.ENOTDIR):
         return "symlink"  # O_NOFOLLOW|O_DIRECTORY on something that is no longer a directory
     if exc.errno == errno.EXDEV:
-        return "other-filesystem"
+        return "mount-point" if "mount point" in (exc.strerror or "") else "other-filesystem"
     return "error"
 
 
@@ -91,6 +118,7 @@ def walk(
     post_order: bool = False,
     on_problem: Callable[[WalkProblem], None] | None = None,
     hook: Hook | None = None,
+    mnt: int | None = None,
 ) -> Iterator[Entry]:
     """Yield every entry below root_fd (depth first), directories before their contents.
 
@@ -99,6 +127,8 @@ def walk(
     the root). Entries on another device than `dev` are skipped and reported.
     With post_order, each entered directory is yielded again with post=True after
     its contents. The caller must not keep dir_fd past the next iteration.
+    Given mnt (mount_id of root_fd), a directory on another mount is never entered,
+    even one missing from prune_paths (mounted after they were read).
     """
     # Stack of (fd, iterator, relative prefix, the entry for this dir or None for the root).
     stack: list[tuple[int, Iterator[os.DirEntry[str]], str, Entry | None]] = []
@@ -152,7 +182,7 @@ def walk(
             if hook is not None:
                 hook("open_dir", path)
             try:
-                child, _cst, child_it = open_subdir(fd, name, st, dev)
+                child, _cst, child_it = open_subdir(fd, name, st, dev, mnt)
             except OSError as exc:
                 problem(path, exc)
                 continue
@@ -162,8 +192,8 @@ def walk(
             _close(fd, it)
 
 
-def open_subdir(parent_fd: int, name: str, listed: os.stat_result,
-                dev: int) -> tuple[int, os.stat_result, Iterator[os.DirEntry[str]]]:
+def open_subdir(parent_fd: int, name: str, listed: os.stat_result, dev: int,
+                mnt: int | None = None) -> tuple[int, os.stat_result, Iterator[os.DirEntry[str]]]:
     """Open a listed subdirectory relative to its parent's fd, never through a symlink, and only if it
     is still the directory that was listed and on the root's filesystem. Raises OSError otherwise."""
     child = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
@@ -174,6 +204,7 @@ def open_subdir(parent_fd: int, name: str, listed: os.stat_result,
         if cst.st_ino != listed.st_ino:
             # Replaced between listing and opening: the entry we judged is gone.
             raise OSError(errno.ENOENT, "directory was replaced during the scan")
+        check_same_mount(child, mnt, name)
         return child, cst, os.scandir(child)
     except OSError:
         os.close(child)
@@ -216,7 +247,8 @@ def listing_order(order: int, ino: int) -> int:
     return (order * ORDER_MUL ^ ino) & ORDER_MASK
 
 
-def scan(root_fd: int, *, dev: int, on_problem: Callable[[WalkProblem], None], hook: Hook | None = None) -> Iterator[Listing]:
+def scan(root_fd: int, *, dev: int, on_problem: Callable[[WalkProblem], None], hook: Hook | None = None,
+         mnt: int | None = None) -> Iterator[Listing]:
     """Depth-first walk handing out whole listings, so the caller's per-entry loop is its own.
 
     walk() costs a generator step and an Entry per entry; for a million-file tree the
@@ -251,7 +283,7 @@ def scan(root_fd: int, *, dev: int, on_problem: Callable[[WalkProblem], None], h
             if hook is not None:
                 hook("open_dir", path)
             try:
-                child, cst, child_it = open_subdir(here.fd, name, st, dev)
+                child, cst, child_it = open_subdir(here.fd, name, st, dev, mnt)
             except OSError as exc:
                 on_problem(WalkProblem(path, classify_error(exc), exc.strerror or str(exc)))
                 continue
@@ -275,6 +307,7 @@ class DirChain:
         self.dev = dev
         self.hook = hook
         fd = os.dup(root_fd)
+        self.mnt = mount_id(root_fd)
         self._names: list[str] = []
         self._open: list[tuple[int, os.stat_result]] = [(fd, os.fstat(fd))]
 
@@ -289,7 +322,7 @@ class DirChain:
                 raise OSError(errno.EINVAL, "unexpected path component", relpath)
             if self.hook is not None:
                 self.hook("open_dir", "/".join(self._names + [part]))
-            fd = open_dir_at(self._open[-1][0], part, self.dev)
+            fd = open_dir_at(self._open[-1][0], part, self.dev, self.mnt)
             self._names.append(part)
             self._open.append((fd, os.fstat(fd)))
         return self._open[-1]
@@ -311,80 +344,3 @@ class DirChain:
         while len(self._names) > depth:
             self._names.pop()
             os.close(self._open.pop()[0])
-
-
-class UnitStats(NamedTuple):
-    bytes: int  # freed by deleting it (multi-linked files count 0)
-    files: int
-    newest_change: float  # newest mtime/ctime inside: is it still being written?
-    newest_access: float  # newest atime inside: is it still being used?
-    inodes: list[tuple[int, int]]
-    multi_linked: bool  # some file also lives elsewhere (e.g. a conda package linked into an env)
-    problems: int
-
-
-def measure_unit(parent_fd: int, name: str, dev: int, hook: Hook | None = None) -> UnitStats:
-    """Measure a directory deleted as one unit (a checkpoint-* directory, a cache entry)."""
-    fd = open_dir_at(parent_fd, name, dev)
-    try:
-        dst = os.fstat(fd)
-        total = files = problems = 0
-        newest = max(dst.st_mtime, dst.st_ctime)
-        accessed = 0.0
-        inodes: list[tuple[int, int]] = []
-        multi = False
-
-        def count(_p: WalkProblem) -> None:
-            nonlocal problems
-            problems += 1
-
-        for entry in walk(fd, dev=dev, on_problem=count, hook=hook):
-            st = entry.st
-            newest = max(newest, st.st_mtime, st.st_ctime)
-            if not entry.is_dir:
-                accessed = max(accessed, st.st_atime)
-                files += 1
-                if st.st_nlink > 1:
-                    multi = True
-                else:
-                    total += st.st_blocks * 512
-                inodes.append((st.st_dev, st.st_ino))
-        return UnitStats(total, files, newest, max(accessed, newest), inodes, multi, problems)
-    finally:
-        os.close(fd)
-
-
-def remove_tree_at(parent_fd: int, name: str, dev: int, expect_ino: int) -> int:
-    """Delete a directory unit relative to parent_fd without following symlinks; returns files removed.
-
-    The directory must still be the inode that was judged (expect_ino). Symlinks
-    inside are unlinked, never followed; a subdirectory on another filesystem
-    stops the removal with EXDEV (nothing outside the unit is touched).
-    """
-    fd = open_dir_at(parent_fd, name, dev)
-    try:
-        if os.fstat(fd).st_ino != expect_ino:
-            raise OSError(errno.ENOENT, "directory was replaced since it was judged", name)
-        removed = _remove_contents(fd, dev)
-    finally:
-        os.close(fd)
-    os.rmdir(name, dir_fd=parent_fd)
-    return removed
-
-
-def _remove_contents(fd: int, dev: int) -> int:
-    removed = 0
-    with os.scandir(fd) as it:
-        entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
-    for name, is_dir in entries:
-        if is_dir:
-            child = open_dir_at(fd, name, dev)
-            try:
-                removed += _remove_contents(child, dev)
-            finally:
-                os.close(child)
-            os.rmdir(name, dir_fd=fd)
-        else:
-            os.unlink(name, dir_fd=fd)
-            removed += 1
-    return removed

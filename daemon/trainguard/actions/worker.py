@@ -21,6 +21,7 @@ from trainguard.actions.cleanup import (
     Policy,
     findings_for,
 )
+from trainguard.config import Mirror
 from trainguard.records import Finding, FsSample, Snapshot
 from trainguard.sources.fs import usage_from_statvfs
 from trainguard.sources.mounts import containing_mount
@@ -150,10 +151,12 @@ class CleanupWorker:
                 runner.audit.conn.close()
 
 
-def make_runner_factory(policies: Sequence[Policy], connect: Callable[[], object], proc_root: str = "/proc"):
-    """A make_runner for CleanupWorker: audit connection opened on the worker thread."""
+def make_runner_factory(policies: Sequence[Policy], connect: Callable[[], object], proc_root: str = "/proc",
+                        mirrors: Sequence[Mirror] = ()):
+    """A make_runner for CleanupWorker: audit connection opened on the worker thread.
+    mirrors: the config's [[mirror]] list, for only_if_mirrored."""
 
     def make() -> CleanupRunner:
-        return CleanupRunner(policies, audit=AuditLog(connect()), proc_root=proc_root)
+        return CleanupRunner(policies, audit=AuditLog(connect()), proc_root=proc_root, mirrors=mirrors)
 
     return make

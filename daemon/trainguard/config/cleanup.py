@@ -16,7 +16,7 @@ from pydantic import (
 
 from trainguard.config.base import Strict
 from trainguard.config.types import Bytes, Duration, Ratio
-from trainguard.rootcheck import UnsafeRoot, check_root_text
+from trainguard.rootcheck import UnsafeRoot, check_root_on_disk, check_root_text
 from trainguard.units import parse_bytes
 
 
@@ -88,6 +88,12 @@ class _CleanupBase(Strict):
     grace: Duration = 600.0  # files changed this recently may still be being written
     max_delete: MaxDeleteLimit | None = MaxDelete(files=10000)
 
+    @field_validator("max_delete", mode="before")
+    @classmethod
+    def _guard_off(cls, value: Any) -> Any:
+        # false / "off": no guard. An age policy then judges and deletes in one pass.
+        return None if value is False or (isinstance(value, str) and value.strip().lower() == "off") else value
+
     @model_validator(mode="after")
     def _safe(self) -> "_CleanupBase":
         for key in ("patterns", "exclude"):
@@ -95,7 +101,7 @@ class _CleanupBase(Strict):
                 raise ValueError(f"policy {self.name!r}: {key} has an empty glob; remove it")
         for root in self.roots:
             try:
-                check_root_text(root)
+                check_root_on_disk(check_root_text(root))
             except UnsafeRoot as exc:
                 raise ValueError(f"policy {self.name!r}: {exc}") from None
         if self.low > self.high:
@@ -119,6 +125,9 @@ class CheckpointsPolicy(_CleanupBase):
     keep_every: int | None = Field(None, ge=1)  # keep checkpoints whose step is a multiple of this
     older_than: Duration | None = None
     max_delete: MaxDeleteLimit | None = MaxDelete(files=1000)
+    # The name of a [[mirror]]: delete a checkpoint only when the mirror's dest holds an
+    # identical copy (every file: same size and mtime); an unanswered share means "keep".
+    only_if_mirrored: str | None = Field(None, min_length=1)
 
     @model_validator(mode="after")
     def _has_roots(self) -> "CheckpointsPolicy":
@@ -196,6 +205,17 @@ def _unique_policy_names(policies: list[Any]) -> list[Any]:
             raise ValueError(f"cleanup policy name {policy.name!r} is used twice; names must be unique")
         seen.add(policy.name)
     return policies
+
+
+def check_mirror_names(policies: list[Any], mirrors: list[Any]) -> None:
+    """only_if_mirrored must name a configured [[mirror]]."""
+    names = [m.name for m in mirrors]
+    for policy in policies:
+        wanted = getattr(policy, "only_if_mirrored", None)
+        if wanted is not None and wanted not in names:
+            known = ", ".join(repr(n) for n in names) or "none configured"
+            raise ValueError(f"cleanup policy {policy.name!r}: only_if_mirrored = {wanted!r} names no [[mirror]] "
+                             f"(mirrors: {known})")
 
 
 CleanupPolicy = Annotated[Union[CheckpointsPolicy, AgePolicy, CachePolicy, LogsPolicy], Field(discriminator="type")]

@@ -13,10 +13,10 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from pydantic import ValidationError
+from pydantic import ValidationError, model_validator
 
 from trainguard.config.base import Strict
-from trainguard.config.cleanup import DEFAULT_CLEANUP, CleanupPolicies
+from trainguard.config.cleanup import DEFAULT_CLEANUP, CleanupPolicies, check_mirror_names
 from trainguard.config.environment import ENV_CONFIG, ENV_PREFIX, EnvOverrides, read_env
 from trainguard.config.general import Alerts, General, History, Metrics
 from trainguard.config.gpu import Gpu
@@ -50,6 +50,11 @@ class Config(Strict):
     cleanup: CleanupPolicies = DEFAULT_CLEANUP
     metrics: Metrics = Metrics()
     mirror: Mirrors = []
+
+    @model_validator(mode="after")
+    def _mirror_refs(self) -> "Config":
+        check_mirror_names(self.cleanup, self.mirror)
+        return self
 
 
 class ConfigError(Exception):

@@ -175,7 +175,7 @@ class Daemon:
         # Loaded only when a policy is on: a daemon that never cleans up need not carry the walker and policies.
         from trainguard.actions.worker import CleanupWorker, make_runner_factory
 
-        worker = CleanupWorker(make_runner_factory(policies, self.db.connect, cfg.general.proc_root),
+        worker = CleanupWorker(make_runner_factory(policies, self.db.connect, cfg.general.proc_root, cfg.mirror),
                                clock=self.clock.time)
         worker.start()
         return worker

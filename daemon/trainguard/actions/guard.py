@@ -1,0 +1,102 @@
+"""The checks around a run, in one place: which roots may be worked in (safe, writable, their
+mount points known), how much a watermark run must free, and the max_delete guard.
+
+The per-entry rules (never across a mount, never an open file, never within grace, the
+re-check before each unlink) live with the walk (walker.py, safety.py) and the kinds.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass
+
+from trainguard.actions.report import Tally
+from trainguard.actions.safety import OpenedRoot, UnsafeRoot, mount_point_of, mounts_below, open_checked_root
+from trainguard.records import FsUsage
+from trainguard.sources.fs import usage_from_statvfs
+from trainguard.units import format_bytes, format_ratio
+
+log = logging.getLogger("trainguard.actions.cleanup")
+
+
+@dataclass(frozen=True, slots=True)
+class Root:
+    """A root opened for one run: the checked fd, its mount, the mount points below it."""
+
+    opened: OpenedRoot
+    mount: str
+    below: frozenset[str]  # relative paths of mount points below the root: never entered
+
+    @property
+    def path(self) -> str:
+        return self.opened.path
+
+
+def write_blocked(o: OpenedRoot) -> str:
+    """Why this process cannot delete below the root ('' when it can): a read-only mount (the
+    systemd unit's ProtectSystem=/ProtectHome= make one), or no write permission."""
+    if os.fstatvfs(o.fd).f_flag & os.ST_RDONLY:
+        return f"{o.path} is read-only for trainguard (mounted read-only here)"
+    if not os.access(o.path, os.W_OK | os.X_OK):
+        return f"{o.path} is not writable for trainguard (uid {os.geteuid()})"
+    return ""
+
+
+def open_root(path: str, homes: frozenset[str] | None, proc_root: str, tally: Tally,
+              dry_run: bool) -> tuple[Root | None, str]:
+    """Open and check one root. (Root, "") or (None, why it is left alone); the caller closes the fd."""
+    try:
+        o = open_checked_root(path, homes)
+    except UnsafeRoot as exc:
+        tally.skip("unsafe-root", path, str(exc))
+        return None, str(exc)
+    why = write_blocked(o)
+    if why:
+        tally.blocked.append(why)
+        if not dry_run:  # a dry run still shows what would go
+            os.close(o.fd)
+            tally.skip("read-only", path, why)
+            return None, why
+    try:
+        below = mounts_below(o.path, proc_root)
+    except OSError as exc:
+        os.close(o.fd)
+        why = f"cannot read mount table: {exc.strerror}"
+        tally.skip("error", path, why)
+        return None, why
+    return Root(o, mount_point_of(o.path), below), ""
+
+
+def bytes_above(usage: FsUsage, ratio: float) -> int:
+    """Bytes to free for used / (used + avail) to reach ratio (df's view)."""
+    return max(0, math.ceil(usage.used_bytes - ratio * (usage.used_bytes + usage.avail_bytes)))
+
+
+def watermark_need(policy, usage: FsUsage, manual: bool) -> tuple[int | None, str]:
+    """(bytes to free, "") for a run at or above its threshold, else (None, why not)."""
+    threshold = policy.high if manual else policy.low
+    if usage.used_ratio < threshold or bytes_above(usage, policy.low) == 0:
+        return None, f"{format_ratio(usage.used_ratio)} used, below the {format_ratio(threshold)} watermark"
+    return bytes_above(usage, policy.low), ""
+
+
+def reached(o: OpenedRoot, need: int, freed: int, dry_run: bool, low: float) -> bool:
+    """Watermark runs stop at `low`: by the filesystem's own count, or by what was freed."""
+    if freed >= need:
+        return True
+    if dry_run:
+        return False
+    return usage_from_statvfs(os.fstatvfs(o.fd)).used_ratio <= low
+
+
+def max_delete_guard(policy, files: int, nbytes: int) -> str:
+    """Non-empty when the planned deletion exceeds max_delete: then nothing is deleted."""
+    limit = policy.max_delete
+    if limit is None or not limit.exceeded_by(files, nbytes):
+        return ""
+    text = f"{limit.files} files" if limit.files is not None else format_bytes(limit.bytes)
+    guard = f"{files} files ({format_bytes(nbytes)}) would exceed max_delete {text}"
+    log.warning("cleanup %s: stopped, nothing deleted: %s", policy.name, guard)
+    return guard

@@ -1,0 +1,160 @@
+"""The checkpoints kind: pattern-matched files and checkpoint-* units, kept per run directory
+(policies.select_checkpoints), optionally only when mirrored (mirrorcheck), deleted oldest first."""
+
+from __future__ import annotations
+
+import os
+import stat as stat_mod
+
+from trainguard.actions import mirrorcheck, unittree, walker
+from trainguard.actions import policies as sel
+from trainguard.actions.guard import Root, reached
+from trainguard.actions.plan import Ctx, Planned, full_path
+from trainguard.actions.safety import in_grace
+
+
+class CheckpointsKind:
+    def plan(self, ctx: Ctx, root: Root, need: int | None) -> Planned:
+        ctx.tools.open_files.refresh()
+        items = list(_scan(ctx, root))
+        cands = sel.select_checkpoints(root.path, items, ctx.policy, ctx.now)
+        kept = sum(1 for i in items if not i.busy) - len(cands)
+        if kept > 0:
+            ctx.tally.skipped["kept"] = ctx.tally.skipped.get("kept", 0) + kept
+        if ctx.policy.only_if_mirrored and cands:
+            cands = _mirrored(ctx, root, cands)
+        chosen = cands if need is None else _take_until(cands, need)
+        return Planned(sum(c.files for c in chosen), sum(c.bytes for c in chosen), data=cands)
+
+    def execute(self, ctx: Ctx, root: Root, planned: Planned, need: int | None) -> None:
+        freed = 0
+        for cand in planned.data:  # oldest first
+            if need is not None and reached(root.opened, need, freed, ctx.dry_run, ctx.policy.low):
+                return
+            freed += _delete_one(ctx, root, cand)
+
+
+def _scan(ctx: Ctx, root: Root):
+    policy, o = ctx.policy, root.opened
+    excluded, units, wanted = sel.globset(policy.exclude), sel.globset(policy.dir_patterns), sel.globset(policy.patterns)
+
+    def descend(entry: walker.Entry) -> bool:
+        return not (excluded(entry.name, entry.path) or units(entry.name, entry.path))
+
+    def problem(p: walker.WalkProblem) -> None:
+        ctx.tally.skip(p.reason, p.path, p.detail)
+
+    for entry in walker.walk(o.fd, dev=o.dev, descend=descend, prune_paths=root.below, mnt=o.mnt,
+                             on_problem=problem, hook=ctx.tools.hook):
+        if excluded(entry.name, entry.path):
+            continue
+        if entry.is_dir:
+            if units(entry.name, entry.path):
+                item = _unit_item(ctx, entry)
+                if item is not None:
+                    yield item
+        elif stat_mod.S_ISREG(entry.st.st_mode) and wanted(entry.name, entry.path):
+            yield _file_item(ctx, entry)
+
+
+def _unit_item(ctx: Ctx, entry: walker.Entry) -> sel.CheckpointItem | None:
+    try:
+        unit = unittree.measure_unit(entry.dir_fd, entry.name, entry.st.st_dev, ctx.tools.hook)
+    except OSError as exc:
+        ctx.skip_error(entry.path, exc)
+        return None
+    if unit.mounts:
+        ctx.tally.skip("mount-point", entry.path, "a mount point inside; this unit is never deleted")
+        return None
+    busy = (ctx.now - unit.newest_change < ctx.policy.grace or unit.problems > 0
+            or ctx.tools.open_files.any_open(unit.inodes))
+    st = entry.st
+    return sel.CheckpointItem(entry.path.rpartition("/")[0], entry.path, entry.name, sel.parse_step(entry.name),
+                              st.st_mtime, unit.bytes, unit.files, True, st.st_dev, st.st_ino, busy)
+
+
+def _file_item(ctx: Ctx, entry: walker.Entry) -> sel.CheckpointItem:
+    st = entry.st
+    busy = in_grace(st, ctx.now, ctx.policy.grace) or ctx.tools.open_files.is_open(st.st_dev, st.st_ino)
+    return sel.CheckpointItem(entry.path.rpartition("/")[0], entry.path, entry.name, sel.parse_step(entry.name),
+                              st.st_mtime, sel.freed_bytes(st), 1, False, st.st_dev, st.st_ino, busy)
+
+
+def _mirrored(ctx: Ctx, root: Root, cands: list[sel.Candidate]) -> list[sel.Candidate]:
+    name = ctx.policy.only_if_mirrored
+    mirror = ctx.tools.mirrors.get(name)
+    if mirror is None:
+        for cand in cands:
+            ctx.tally.skip("not-mirrored", cand.relpath, f"mirror {name!r} is not known here")
+        return []
+    return mirrorcheck.only_mirrored(cands, root.opened, mirror, ctx.tally, ctx.tools.mirror_timeout)
+
+
+def _take_until(plan: list[sel.Candidate], need: int) -> list[sel.Candidate]:
+    out, total = [], 0
+    for cand in plan:
+        if total >= need:
+            break
+        out.append(cand)
+        total += cand.bytes
+    return out
+
+
+def _delete_one(ctx: Ctx, root: Root, cand: sel.Candidate) -> int:
+    """Re-check one candidate from a fresh lstat and delete it; the bytes freed (0: skipped)."""
+    o = root.opened
+    parent, _, name = cand.relpath.rpartition("/")
+    path = full_path(root, cand.relpath)
+    try:
+        pfd = walker.open_beneath(o.fd, parent, o.dev)
+    except OSError as exc:
+        ctx.skip_error(path, exc)
+        return 0
+    try:
+        st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+        if (st.st_dev, st.st_ino) != (cand.dev, cand.ino):
+            ctx.tally.skip("replaced", path, "not the entry that was judged")
+            return 0
+        sized = _recheck(ctx, pfd, name, st, cand, path)
+        now = ctx.tools.clock()
+        if sized is None:
+            return 0
+        if not ctx.dry_run:
+            ctx.before_delete(cand.relpath)
+            if cand.is_unit:
+                unittree.remove_tree_at(pfd, name, o.dev, cand.ino)
+            else:
+                os.unlink(name, dir_fd=pfd)
+        ctx.went(root, path, sized[0], sized[1], cand.reason, now - cand.age_ts, cand.is_unit)
+        return sized[0]
+    except OSError as exc:
+        ctx.skip_error(path, exc)
+        return 0
+    finally:
+        os.close(pfd)
+
+
+def _recheck(ctx: Ctx, pfd: int, name: str, st: os.stat_result, cand: sel.Candidate,
+             path: str) -> tuple[int, int] | None:
+    """Grace, open files and mount points just before the delete: (bytes, files), or None to skip."""
+    of, now = ctx.tools.open_files, ctx.tools.clock()
+    if cand.is_unit:
+        unit = unittree.measure_unit(pfd, name, st.st_dev, ctx.tools.hook)
+        of.refresh()  # just before the delete
+        if now - unit.newest_change < ctx.policy.grace:
+            ctx.tally.skip("grace", path)
+        elif unit.problems:
+            ctx.tally.skip("mount-point" if unit.mounts else "unreadable", path)
+        elif of.any_open(unit.inodes):
+            ctx.skip_open(path, unit.inodes)
+        else:
+            return unit.bytes, unit.files
+        return None
+    of.refresh()
+    if in_grace(st, now, ctx.policy.grace):
+        ctx.tally.skip("grace", path)
+    elif of.is_open(st.st_dev, st.st_ino):
+        ctx.skip_open(path, [(st.st_dev, st.st_ino)])
+    else:
+        return sel.freed_bytes(st), 1
+    return None

@@ -1,0 +1,83 @@
+"""The interface every cleanup kind implements, and the context one policy run hands it.
+
+A kind (checkpoints, age, the caches; later logs rotation) is two steps behind one
+interface, registered by policy type in cleanup.KINDS:
+
+    plan(ctx, root, need)   -> Planned: what would go on this root (counts for max_delete)
+    execute(ctx, root, planned, need): delete it, re-checking every entry just before
+
+`need` is the bytes a watermark run must free on the root's filesystem (None: take every
+candidate). execute is not called when max_delete stopped the run.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+from trainguard.actions import walker
+from trainguard.actions.audit import AuditLog
+from trainguard.actions.guard import Root
+from trainguard.actions.report import Tally
+from trainguard.actions.safety import OpenFiles
+
+
+@dataclass(frozen=True, slots=True)
+class Tools:
+    """What a runner lends every run: open-file index, audit log, clock, test hook, mirrors."""
+
+    open_files: OpenFiles
+    audit: AuditLog | None = None
+    clock: Callable[[], float] = time.time
+    hook: walker.Hook | None = None
+    mirrors: dict = field(default_factory=dict)  # name -> config Mirror
+    mirror_timeout: float = 10.0
+
+
+@dataclass(slots=True)
+class Ctx:
+    """One run of one policy."""
+
+    policy: Any
+    tally: Tally
+    tools: Tools
+    dry_run: bool
+    now: float
+
+    def skip_error(self, path: str, exc: OSError) -> None:
+        self.tally.skip_error(path, exc, walker.classify_error)
+
+    def skip_open(self, path: str, inodes) -> None:
+        of = self.tools.open_files
+        self.tally.skip_open(path, of.holder(inodes), of.describe)
+
+    def went(self, root: Root, path: str, nbytes: int, files: int, reason: str, age: float,
+             unit: bool = False) -> None:
+        """An entry deleted (or, in a dry run, that would be): audit it and count it."""
+        if not self.dry_run and self.tools.audit is not None:
+            self.tools.audit.record(self.policy.name, root.mount, path, nbytes, files, reason)
+        self.tally.deleted(path, nbytes, files, reason, age, unit)
+
+    def before_delete(self, relpath: str) -> None:
+        if self.tools.hook is not None:
+            self.tools.hook("before_delete", relpath)
+
+
+@dataclass(slots=True)
+class Planned:
+    files: int = 0
+    bytes: int = 0
+    note: str = ""  # non-empty: nothing is done on this root, and why
+    data: Any = None  # the kind's own plan
+
+
+class Kind(Protocol):
+    def plan(self, ctx: Ctx, root: Root, need: int | None) -> Planned: ...
+
+    def execute(self, ctx: Ctx, root: Root, planned: Planned, need: int | None) -> None: ...
+
+
+def full_path(root: Root, relpath: str) -> str:
+    return os.path.join(root.path, relpath) if relpath else root.path

@@ -1,0 +1,103 @@
+"""Directories deleted as one unit (a checkpoint-* directory, a cache entry): measured and removed
+relative to their parent's fd, never through a symlink, never across a mount point (checked by
+mount id, so a bind mount of the same filesystem is seen), never past another filesystem."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from typing import NamedTuple
+
+from trainguard.actions.walker import Hook, WalkProblem, mount_id, open_dir_at, walk
+
+
+class UnitStats(NamedTuple):
+    bytes: int  # freed by deleting it (multi-linked files count 0)
+    files: int
+    newest_change: float  # newest mtime/ctime inside: is it still being written?
+    newest_access: float  # newest atime or mtime of a regular file inside: when it was last used
+    inodes: list[tuple[int, int]]
+    multi_linked: bool  # some file also lives elsewhere (e.g. a conda package linked into an env)
+    problems: int
+    mounts: int = 0  # mount points inside (a bind mount): such a unit is never deleted
+
+
+def measure_unit(parent_fd: int, name: str, dev: int, hook: Hook | None = None) -> UnitStats:
+    """Measure a directory deleted as one unit (a checkpoint-* directory, a cache entry).
+
+    A unit that is itself a mount point raises EXDEV; mount points inside it are not
+    entered and counted in .mounts (the unit must then stay: deleting it would fail
+    halfway, or worse, reach into what is mounted there).
+    """
+    mnt = mount_id(parent_fd)
+    fd = open_dir_at(parent_fd, name, dev, mnt)
+    try:
+        dst = os.fstat(fd)
+        total = files = problems = 0
+        newest = max(dst.st_mtime, dst.st_ctime)
+        accessed = 0.0
+        inodes: list[tuple[int, int]] = []
+        multi = False
+
+        mounts = 0
+
+        def count(p: WalkProblem) -> None:
+            nonlocal problems, mounts
+            if p.reason == "mount-point":
+                mounts += 1
+            problems += 1
+
+        for entry in walk(fd, dev=dev, on_problem=count, hook=hook, mnt=mnt):
+            st = entry.st
+            newest = max(newest, st.st_mtime, st.st_ctime)
+            if not entry.is_dir:
+                if stat.S_ISREG(st.st_mode):  # a symlink's own times are not a use of the data
+                    accessed = max(accessed, st.st_atime, st.st_mtime)
+                files += 1
+                if st.st_nlink > 1:
+                    multi = True
+                else:
+                    total += st.st_blocks * 512
+                inodes.append((st.st_dev, st.st_ino))
+        return UnitStats(total, files, newest, accessed or newest, inodes, multi, problems, mounts)
+    finally:
+        os.close(fd)
+
+
+def remove_tree_at(parent_fd: int, name: str, dev: int, expect_ino: int) -> int:
+    """Delete a directory unit relative to parent_fd without following symlinks; returns files removed.
+
+    The directory must still be the inode that was judged (expect_ino). Symlinks
+    inside are unlinked, never followed; a subdirectory on another filesystem or
+    another mount (a bind mount of the same filesystem) stops the removal with EXDEV
+    before anything in it is touched (nothing outside the unit is).
+    """
+    mnt = mount_id(parent_fd)
+    fd = open_dir_at(parent_fd, name, dev, mnt)
+    try:
+        if os.fstat(fd).st_ino != expect_ino:
+            raise OSError(errno.ENOENT, "directory was replaced since it was judged", name)
+        removed = _remove_contents(fd, dev, mnt)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=parent_fd)
+    return removed
+
+
+def _remove_contents(fd: int, dev: int, mnt: int | None) -> int:
+    removed = 0
+    with os.scandir(fd) as it:
+        entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+    for name, is_dir in entries:
+        if is_dir:
+            child = open_dir_at(fd, name, dev, mnt)
+            try:
+                removed += _remove_contents(child, dev, mnt)
+            finally:
+                os.close(child)
+            os.rmdir(name, dir_fd=fd)
+        else:
+            os.unlink(name, dir_fd=fd)
+            removed += 1
+    return removed
