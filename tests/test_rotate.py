@@ -162,7 +162,14 @@ def test_symlinks_are_not_followed_and_the_root_is_checked(tmp_path):
     report = rotate_logs(policy(root))
     assert report.files == 0 and report.skipped == {"symlink": 1} and outside.stat().st_size == 100 * KiB
     (tmp_path / "via-link").symlink_to(root)
-    refused = rotate_logs(policy(tmp_path / "via-link"))
+    with pytest.raises(configmod.ConfigError, match="symlink"):
+        policy(tmp_path / "via-link")  # refused when the config is read ...
+    swapped = tmp_path / "swapped"
+    swapped.mkdir()
+    checked = policy(swapped)
+    swapped.rmdir()
+    swapped.symlink_to(root)  # ... and when a root becomes a symlink after that
+    refused = rotate_logs(checked)
     assert refused.files == 0 and "symlink" in refused.roots[0].note
 
 
