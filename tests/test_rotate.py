@@ -30,7 +30,7 @@ with open(path, mode, buffering=1) as log:
         i += 1
         if i == 1:
             print("ready", flush=True)
-        if i % 100 == 0:
+        if i % 20 == 0:  # about 1.5 MB/s: the disk never fills, however slow the machine is
             time.sleep(0.001)
             if select.select([sys.stdin], [], [], 0)[0]:
                 break
@@ -132,9 +132,9 @@ def test_binary_files_and_small_logs_are_never_touched(tmp_path):
 def test_a_writer_without_append_is_left_alone(tmp_path):
     proc = start_writer(tmp_path / "train.log", mode="w")  # like `python train.py > train.log`
     try:
-        assert halt(proc) >= 100
+        assert halt(proc) >= 20
         size = (tmp_path / "train.log").stat().st_size
-        report = rotate_logs(policy(tmp_path, max_size="4KiB"))
+        report = rotate_logs(policy(tmp_path, max_size="1KiB"))
         assert report.files == 0 and report.skipped == {"writer-without-append": 1}
         assert (tmp_path / "train.log").stat().st_size == size
     finally:
