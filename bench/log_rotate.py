@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -43,19 +44,19 @@ with open(sys.argv[1], "a", buffering=1) as log:
             break
     print(i, flush=True)
 """
+LINE = re.compile(rb"step (\d{9}) x{70}\n")
 LOGROTATE_CONF = "{path} {{\n  copytruncate\n  compress\n  nodelaycompress\n  rotate 10000\n  missingok\n}}\n"
 
 
 def count(directory: Path, name: str, written: int) -> tuple[int, int]:
-    """(lost, seen twice) over the generations and the live file."""
+    """(lost, seen twice) over the generations, oldest first, then the live file, read as one stream
+    (the logs policy may split a line between a generation and the next: that is not a loss)."""
+    gens = sorted(directory.glob(f"{name}.*.gz"), key=lambda p: -int(p.name.split(".")[-2]))
+    data = b"".join(gzip.decompress(p.read_bytes()) for p in gens) + (directory / name).read_bytes()
     seen: dict[int, int] = {}
-    for path in directory.iterdir():
-        if path.name.startswith(name):
-            data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-            for line in data.split(b"\n"):
-                if line.startswith(b"step "):
-                    n = int(line.split()[1])
-                    seen[n] = seen.get(n, 0) + 1
+    for m in LINE.finditer(data):  # whole lines only: a truncate can cut one in half
+        n = int(m.group(1))
+        seen[n] = seen.get(n, 0) + 1
     return written - len(seen), sum(c - 1 for c in seen.values())
 
 

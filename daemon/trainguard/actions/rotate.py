@@ -122,6 +122,24 @@ def _copy(fd: int, out, start: int, end: int | None) -> int:
     return off
 
 
+def _copy_and_truncate(fd: int, out, off: int) -> float:
+    """The last reads and the truncate, as close together as userspace can put them: a fresh time
+    slice first (a preemption in between is what loses lines), nothing compressed in between.
+    Returns the seconds from the last read to the truncate."""
+    os.sched_yield()
+    pending = []
+    while data := os.pread(fd, CHUNK, off):
+        pending.append(data)
+        off += len(data)
+    last_read = time.perf_counter()
+    os.ftruncate(fd, 0)
+    window = time.perf_counter() - last_read
+    if out is not None:
+        for data in pending:
+            out.write(data)
+    return window
+
+
 def _generations(dir_fd: int, name: str) -> dict[int, os.stat_result]:
     out = {}
     for entry in os.scandir(dir_fd):
@@ -169,10 +187,7 @@ def rotate_file(dir_fd: int, name: str, relpath: str, fd: int, policy: LogsPolic
             if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
                 raise
             method = "truncate"
-            _copy(fd, out, copied, None)
-            last_read = time.perf_counter()
-            os.ftruncate(fd, 0)
-            window = time.perf_counter() - last_read
+            window = _copy_and_truncate(fd, out, _copy(fd, out, copied, None))
         if out is not None:
             out.close()
             raw.flush()
