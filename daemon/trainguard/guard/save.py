@@ -260,9 +260,11 @@ def save_checkpoint(
         elsewhere = os.path.join(os.path.abspath(os.fspath(fallback_dir)), os.path.basename(final))
         other = will_fit(elsewhere, fit.need, reserve)
         if not other.fits:
+            exc = fit.error()
+            exc.args = (exc.errno, f"{exc}; nor in the fallback directory: {other.error()}")
             events.report("wont-fit", final, state_dir=state_dir, bytes=fit.need, avail=fit.avail,
-                          reserve=fit.reserve, message=f"{fit.error()}; fallback: {other.error()}")
-            raise other.error()
+                          reserve=fit.reserve, message=str(exc))
+            raise exc
         final, fit, fell_back = elsewhere, other, True
         os.makedirs(os.path.dirname(final), exist_ok=True)
     remove_stale_temps(os.path.dirname(final), os.path.basename(final))
