@@ -108,6 +108,17 @@ def test_keep_n_generations_newest_first_and_bytes_saved(tmp_path):
     assert gzip.decompress((tmp_path / "train.log.1.gz").read_bytes()).startswith(b"round 3")
     assert gzip.decompress((tmp_path / "train.log.2.gz").read_bytes()).startswith(b"round 2")
     assert log.stat().st_size < 4096  # what is left is less than one block (all of it where collapse is missing)
+    log.chmod(0o644)
+    if os.geteuid() == 0:
+        os.chown(log, 65534, 65534)
+    log.write_text("w" * 100 * KiB)
+    rotate_logs(policy(tmp_path, keep=2))
+    newest = (tmp_path / "train.log.1.gz").stat()
+    assert newest.st_mode & 0o777 == 0o644  # the generation is readable as the log was, by its owner
+    assert os.geteuid() != 0 or (newest.st_uid, newest.st_gid) == (65534, 65534)
+    log.write_text("v" * 100 * KiB)
+    assert rotate_logs(policy(tmp_path, keep=0)).files == 1  # keep = 0: emptied, no generation left
+    assert os.listdir(tmp_path) == ["train.log"]
 
 
 def test_symlinks_are_not_followed_and_the_root_is_checked(tmp_path):
