@@ -160,3 +160,21 @@ def test_lightning_guard_skips_a_save_that_would_not_fit(tmpfs_mount, tmp_path):
     trainer = lightning_run(tmpfs_mount / "ckpt", [guard])
     assert trainer.global_step == 1 and guard.stopped.action == "stop"
     assert os.listdir(tmpfs_mount / "ckpt") == []
+
+
+def test_transformers_rotation_estimate_matches_what_save_total_limit_deletes(tmp_path):
+    pytest.importorskip("transformers")
+    from transformers.trainer_utils import rotate_checkpoints
+
+    from trainguard.integrations.transformers import rotation_frees
+
+    for step, size in ((10, 1000), (20, 2000), (30, 4000), (40, 8000)):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        (tmp_path / f"checkpoint-{step}" / "model.safetensors").write_bytes(b"m" * size)
+    best = str(tmp_path / "checkpoint-10")
+    frees = rotation_frees(str(tmp_path), 2, best)  # before checkpoint-50: what will go after it
+    (tmp_path / "checkpoint-50").mkdir()
+    before = {p.name for p in tmp_path.iterdir()}
+    rotate_checkpoints(str(tmp_path), save_total_limit=2, best_model_checkpoint=best)
+    gone = before - {p.name for p in tmp_path.iterdir()}
+    assert gone == {"checkpoint-20", "checkpoint-30", "checkpoint-40"} and frees >= 14000
