@@ -178,3 +178,16 @@ def test_transformers_rotation_estimate_matches_what_save_total_limit_deletes(tm
     rotate_checkpoints(str(tmp_path), save_total_limit=2, best_model_checkpoint=best)
     gone = before - {p.name for p in tmp_path.iterdir()}
     assert gone == {"checkpoint-20", "checkpoint-30", "checkpoint-40"} and frees >= 14000
+
+
+@pytest.mark.parametrize("tmpfs_mount", [2 * MiB], indirect=True)
+def test_torch_save_on_a_full_disk_raises_wont_fit_and_leaves_nothing(tmpfs_mount):
+    from trainguard.guard import CheckpointWontFit, save_checkpoint
+
+    (tmpfs_mount / "model_1.pt").write_bytes(b"last good")
+    state = {"w": torch.zeros(1024, 1024)}  # 4 MiB: more than the disk; the estimate (9 bytes) says it fits
+    with pytest.raises(CheckpointWontFit) as err:
+        save_checkpoint(state, tmpfs_mount / "model_2.pt", save_fn=torch.save, reserve=0)
+    assert err.value.written > 0 and err.value.__cause__ is not None  # torch's own error, chained
+    assert sorted(os.listdir(tmpfs_mount)) == ["model_1.pt"]
+    assert (tmpfs_mount / "model_1.pt").read_bytes() == b"last good"
