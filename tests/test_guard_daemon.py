@@ -52,3 +52,23 @@ def test_a_trainers_refused_save_and_its_deletions_reach_the_daemon(tmp_path, tm
         assert not [e for e in recorder.events if e.finding.key.startswith("guard.")]
     finally:
         d.close()
+
+
+def test_events_spooled_long_before_the_daemon_started_are_audited_not_alerted(tmp_path):
+    import sqlite3
+
+    from trainguard import guardspool
+    from trainguard.actions.guard_inbox import GuardInbox
+
+    clock = FakeClock()
+    spool = str(tmp_path / guardspool.GUARD_EVENTS_FILE)
+    old = guardspool.GuardEvent(clock.time() - 3 * 86400, "wont-fit", str(tmp_path / "m.pt"), 7, 100, 10, 0)
+    new = old._replace(ts=clock.time() - 60, kind="fallback")
+    for event in (old, new):
+        assert guardspool.append(spool, event) is None
+    conn = sqlite3.connect(":memory:")
+    inbox = GuardInbox(str(tmp_path), lambda: conn, clock=clock.time)
+    findings = inbox.drain()
+    assert [(f.key.split(":")[0], f.severity) for f in findings] == [("guard.fallback", Severity.WARNING)]
+    reasons = [r for (r,) in conn.execute("SELECT reason FROM cleanup_audit WHERE policy = 'guard' ORDER BY ts")]
+    assert [r.split(" ")[0] for r in reasons] == ["wont-fit", "fallback"]  # both in the audit log

@@ -160,3 +160,95 @@ def test_lightning_guard_skips_a_save_that_would_not_fit(tmpfs_mount, tmp_path):
     trainer = lightning_run(tmpfs_mount / "ckpt", [guard])
     assert trainer.global_step == 1 and guard.stopped.action == "stop"
     assert os.listdir(tmpfs_mount / "ckpt") == []
+
+
+def test_transformers_rotation_estimate_matches_what_save_total_limit_deletes(tmp_path):
+    pytest.importorskip("transformers")
+    from transformers.trainer_utils import rotate_checkpoints
+
+    from trainguard.integrations.transformers import rotation_frees
+
+    for step, size in ((10, 1000), (20, 2000), (30, 4000), (40, 8000)):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        (tmp_path / f"checkpoint-{step}" / "model.safetensors").write_bytes(b"m" * size)
+    best = str(tmp_path / "checkpoint-10")
+    frees = rotation_frees(str(tmp_path), 2, best)  # before checkpoint-50: what will go after it
+    (tmp_path / "checkpoint-50").mkdir()
+    before = {p.name for p in tmp_path.iterdir()}
+    rotate_checkpoints(str(tmp_path), save_total_limit=2, best_model_checkpoint=best)
+    gone = before - {p.name for p in tmp_path.iterdir()}
+    assert gone == {"checkpoint-20", "checkpoint-30", "checkpoint-40"} and frees >= 14000
+
+
+@pytest.mark.parametrize("tmpfs_mount", [2 * MiB], indirect=True)
+def test_torch_save_on_a_full_disk_raises_wont_fit_and_leaves_nothing(tmpfs_mount):
+    from trainguard.guard import CheckpointWontFit, save_checkpoint
+
+    (tmpfs_mount / "model_1.pt").write_bytes(b"last good")
+    state = {"w": torch.zeros(1024, 1024)}  # 4 MiB: more than the disk; the estimate (9 bytes) says it fits
+    with pytest.raises(CheckpointWontFit) as err:
+        save_checkpoint(state, tmpfs_mount / "model_2.pt", save_fn=torch.save, reserve=0)
+    assert err.value.written > 0 and err.value.__cause__ is not None  # torch's own error, chained
+    assert sorted(os.listdir(tmpfs_mount)) == ["model_1.pt"]
+    assert (tmpfs_mount / "model_1.pt").read_bytes() == b"last good"
+
+
+class SeedCheckpointManager:
+    """The keep-last-N manager from the field report on ENOSPC, as written there: the oldest checkpoint
+    goes first, then torch.save writes straight to the final name."""
+
+    def __init__(self, save_dir, max_keep=1):
+        self.save_dir, self.max_keep, self.checkpoints = save_dir, max_keep, []
+
+    def save(self, state, epoch, meanwhile):
+        path = f"{self.save_dir}/model_{epoch}.pth"
+        if len(self.checkpoints) >= self.max_keep:
+            os.remove(self.checkpoints.pop(0))
+        meanwhile()  # other writers take the space freed while the save runs
+        torch.save(state, path)
+        self.checkpoints.append(path)
+
+
+def loadable(directory: Path) -> list[str]:
+    good = []
+    for name in sorted(os.listdir(directory)):
+        try:
+            torch.load(directory / name, weights_only=True)
+            good.append(name)
+        except Exception:
+            pass
+    return good
+
+
+@pytest.mark.parametrize("tmpfs_mount", [12 * MiB], indirect=True)
+def test_where_the_field_reports_manager_loses_every_checkpoint_the_guard_keeps_the_last(tmpfs_mount):
+    from trainguard.guard import CheckpointWontFit, save_checkpoint
+
+    state = {"w": torch.randn(768, 1024)}  # 3 MiB
+    results = {}
+    for how in ("seed", "guard"):
+        run = tmpfs_mount / how
+        run.mkdir()
+        manager = SeedCheckpointManager(run)
+        def grow(how=how):  # logs and caches grow while each save runs
+            fill(tmpfs_mount / f"{how}.growing", 2 * MiB)
+
+        def save_fn(obj, f):
+            grow()
+            torch.save(obj, f)
+
+        try:
+            for epoch in range(10):
+                if how == "seed":
+                    manager.save(state, epoch, grow)
+                else:
+                    save_checkpoint(state, run / f"model_{epoch}.pth", save_fn=save_fn, keep_last=1, reserve=0)
+        except (CheckpointWontFit, RuntimeError, OSError) as exc:
+            results[how] = (epoch, type(exc).__name__, loadable(run), sorted(os.listdir(run)))
+        (tmpfs_mount / f"{how}.growing").unlink()
+        for name in os.listdir(run):
+            os.unlink(run / name)
+    _epoch, _error, seed_good, seed_files = results["seed"]
+    guard_epoch, guard_error, guard_good, guard_files = results["guard"]
+    assert seed_good == [] and seed_files  # the old one deleted first, the new one torn: nothing to resume
+    assert guard_error == "CheckpointWontFit" and guard_good == guard_files == [f"model_{guard_epoch - 1}.pth"]

@@ -122,6 +122,24 @@ def _copy(fd: int, out, start: int, end: int | None) -> int:
     return off
 
 
+def _copy_and_truncate(fd: int, out, off: int) -> float:
+    """The last reads and the truncate, as close together as userspace can put them: a fresh time
+    slice first (a preemption in between is what loses lines), nothing compressed in between.
+    Returns the seconds from the last read to the truncate."""
+    os.sched_yield()
+    pending = []
+    while data := os.pread(fd, CHUNK, off):
+        pending.append(data)
+        off += len(data)
+    last_read = time.perf_counter()
+    os.ftruncate(fd, 0)
+    window = time.perf_counter() - last_read
+    if out is not None:
+        for data in pending:
+            out.write(data)
+    return window
+
+
 def _generations(dir_fd: int, name: str) -> dict[int, os.stat_result]:
     out = {}
     for entry in os.scandir(dir_fd):
@@ -154,8 +172,11 @@ def rotate_file(dir_fd: int, name: str, relpath: str, fd: int, policy: LogsPolic
     temp = f".{name}.rotating-{os.getpid()}.gz"
     out = raw = None
     if policy.keep:
-        raw_fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640,
+        raw_fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
                          dir_fd=dir_fd)
+        if os.geteuid() == 0:  # the generations stay the log owner's, readable as the log was
+            os.fchown(raw_fd, st.st_uid, st.st_gid)
+        os.fchmod(raw_fd, st.st_mode & 0o666)
         raw = os.fdopen(raw_fd, "wb")
         out = gzip.GzipFile(filename=name, mode="wb", fileobj=raw, compresslevel=6)
     try:
@@ -169,10 +190,7 @@ def rotate_file(dir_fd: int, name: str, relpath: str, fd: int, policy: LogsPolic
             if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
                 raise
             method = "truncate"
-            _copy(fd, out, copied, None)
-            last_read = time.perf_counter()
-            os.ftruncate(fd, 0)
-            window = time.perf_counter() - last_read
+            window = _copy_and_truncate(fd, out, _copy(fd, out, copied, None))
         if out is not None:
             out.close()
             raw.flush()
@@ -294,8 +312,13 @@ def rotate_logs(policy: LogsPolicy, *, trigger: str = "manual", dry_run: bool = 
         for r in done:
             path = os.path.join(o.path, r.relpath)
             saved = r.before if dry_run else r.saved
-            reason = (f"logs: above max_size {format_bytes(policy.max_size)}, rotated ({r.method}) into "
-                      f"{format_bytes(r.generation)} compressed" if policy.keep else "logs: emptied (keep = 0)")
+            reason = f"logs: above max_size {format_bytes(policy.max_size)}, "
+            if dry_run:
+                reason += "would be rotated"
+            elif policy.keep:
+                reason += f"rotated ({r.method}) into {format_bytes(r.generation)} compressed"
+            else:
+                reason += f"emptied ({r.method}; keep = 0)"
             tally.add(Item(path, saved, 1, reason, 0.0))
             if audit is not None and not dry_run:
                 audit.record(policy.name, mount, path, saved, 0, reason)

@@ -222,6 +222,25 @@ def _install(temp: str, final: str, as_dir: bool) -> None:
         fsync_dir(directory)
 
 
+def _choose_target(final: str, fit: Fit, fallback_dir, reserve: Reserve,
+                   state_dir: str | None) -> tuple[str, Fit, bool]:
+    """Where the save goes: (path, its Fit, whether that is the fallback directory). Raises
+    CheckpointWontFit, reported to the daemon, when it fits in neither place."""
+    if fit.fits:
+        return final, fit, False
+    exc = fit.error()
+    if fallback_dir is not None:
+        elsewhere = os.path.join(os.path.abspath(os.fspath(fallback_dir)), os.path.basename(final))
+        other = will_fit(elsewhere, fit.need, reserve)
+        if other.fits:
+            os.makedirs(os.path.dirname(elsewhere), exist_ok=True)
+            return elsewhere, other, True
+        exc.args = (exc.errno, f"{exc}; nor in the fallback directory: {other.error()}")
+    events.report("wont-fit", final, state_dir=state_dir, bytes=fit.need, avail=fit.avail, reserve=fit.reserve,
+                  message=str(exc))
+    raise exc
+
+
 def save_checkpoint(
     obj_or_writer: Any,
     path: str | os.PathLike[str],
@@ -251,20 +270,7 @@ def save_checkpoint(
     as_dir = directory or (os.path.isdir(final) and not os.path.islink(final))
     fit = will_fit(final, nbytes, reserve)
     fit, removed = _make_room(fit, final, keep_last)
-    fell_back = False
-    if not fit.fits:
-        if fallback_dir is None:
-            events.report("wont-fit", final, state_dir=state_dir, bytes=fit.need, avail=fit.avail,
-                          reserve=fit.reserve, removed=tuple(removed), message=str(fit.error()))
-            raise fit.error()
-        elsewhere = os.path.join(os.path.abspath(os.fspath(fallback_dir)), os.path.basename(final))
-        other = will_fit(elsewhere, fit.need, reserve)
-        if not other.fits:
-            events.report("wont-fit", final, state_dir=state_dir, bytes=fit.need, avail=fit.avail,
-                          reserve=fit.reserve, message=f"{fit.error()}; fallback: {other.error()}")
-            raise other.error()
-        final, fit, fell_back = elsewhere, other, True
-        os.makedirs(os.path.dirname(final), exist_ok=True)
+    final, fit, fell_back = _choose_target(final, fit, fallback_dir, reserve, state_dir)
     remove_stale_temps(os.path.dirname(final), os.path.basename(final))
     try:
         temp = _write_temp(writer, final, as_dir, pass_path)

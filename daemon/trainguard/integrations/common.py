@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from trainguard.guard import events
-from trainguard.guard.space import Fit, Reserve, previous_checkpoint, will_fit
+from trainguard.guard.space import Fit, Reserve, list_checkpoints, tree_bytes, will_fit
 from trainguard.units import format_bytes
 
 GO, SAVE_THEN_STOP, STOP = "go", "save-then-stop", "stop"
@@ -36,10 +36,11 @@ def tensor_bytes(objects: Iterable[Any]) -> int:
     return total
 
 
-def estimate(directory: str, *objects: Any) -> int:
-    """The next checkpoint's size: the previous one in directory, else the tensors' bytes."""
-    found = previous_checkpoint(directory) if os.path.isdir(directory) else None
-    return found[1] if found is not None else tensor_bytes(objects)
+def estimate(directory: str, patterns: tuple[str, ...], *objects: Any) -> int:
+    """The next checkpoint's size: the newest of the framework's own checkpoint names in directory
+    (not the final model a run may also keep there), else the tensors' bytes."""
+    found = list_checkpoints(directory, patterns) if os.path.isdir(directory) else []
+    return tree_bytes(*found[-1]) if found else tensor_bytes(objects)
 
 
 def decide(directory: str, nbytes: int, reserve: Reserve = None, freed_after_save: int = 0) -> Verdict:

@@ -48,7 +48,7 @@ class DiskGuard(Callback):
         if self.stopped is not None:
             return
         directory = self._directory(trainer)
-        verdict = decide(directory, estimate(directory, pl_module, *trainer.optimizers), self.reserve)
+        verdict = decide(directory, estimate(directory, ("*.ckpt",), pl_module, *trainer.optimizers), self.reserve)
         if verdict.action == GO:
             return
         trainer.should_stop = True

@@ -19,12 +19,14 @@ from transformers import TrainerCallback
 from trainguard.guard.space import Reserve, list_checkpoints, tree_bytes
 from trainguard.integrations.common import GO, STOP, Verdict, decide, estimate, report_stop
 
+CHECKPOINTS = ("checkpoint-*",)  # transformers' PREFIX_CHECKPOINT_DIR
+
 
 def rotation_frees(output_dir: str, save_total_limit: int | None, best: str | None) -> int:
     """Bytes the Trainer's rotation deletes after one more save (oldest first, never the best)."""
     if not save_total_limit or save_total_limit <= 0:
         return 0
-    found = list_checkpoints(output_dir, ("checkpoint-*",))
+    found = list_checkpoints(output_dir, CHECKPOINTS)
     extra = len(found) + 1 - save_total_limit
     older = [(p, st) for p, st in found if best is None or p.rstrip("/") != str(best).rstrip("/")]
     return sum(tree_bytes(p, st) for p, st in older[:max(0, extra)])
@@ -46,7 +48,7 @@ class DiskGuardCallback(TrainerCallback):
         if not control.should_save:
             return control
         output_dir = str(args.output_dir)
-        nbytes = estimate(output_dir, kwargs.get("model"), kwargs.get("optimizer"))
+        nbytes = estimate(output_dir, CHECKPOINTS, kwargs.get("model"), kwargs.get("optimizer"))
         freed = rotation_frees(output_dir, args.save_total_limit, state.best_model_checkpoint)
         verdict = decide(output_dir, nbytes, self.reserve, freed)
         if verdict.action == GO:
