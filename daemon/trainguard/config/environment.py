@@ -18,8 +18,9 @@ from typing import Any, Iterable, Mapping
 
 ENV_PREFIX = "TRAINGUARD_"
 ENV_CONFIG = "TRAINGUARD_CONFIG"
-# TRAINGUARD_* variables that are not config keys.
-RESERVED = frozenset({ENV_CONFIG})
+# TRAINGUARD_* variables that are not config keys: the config file, and the in-trainer guard's
+# state directory and reserve (trainguard.guard reads those without loading any config).
+RESERVED = frozenset({ENV_CONFIG, "TRAINGUARD_STATE_DIR", "TRAINGUARD_RESERVE"})
 # Names are read in sorted order, so TRAINGUARD_GENERAL comes before TRAINGUARD_GENERAL__INTERVAL: a
 # nested name below a whole-section value set as text is the conflict to report.
 
