@@ -54,9 +54,10 @@ SAMPLES = {
     "gpu.throttle": Finding("gpu.throttle:2", Severity.WARNING, "s", details={
         "gpu": 2, "reasons": ["hw_thermal", "sw_thermal"], "share": 0.96, "temperature_c": 91.0,
         "power_w": 350.0, "power_limit_w": 700.0}),
-    "log.match": Finding("log.match:/data/runs/llama-70b-sft/train.log", Severity.CRITICAL,
+    "log.match": Finding("log.match:/data/runs/llama-70b-sft/train.log#No space left on device", Severity.CRITICAL,
                          "/data/runs/llama-70b-sft/train.log: OSError: [Errno 28] No space left on device",
-                         details={"file": "/data/runs/llama-70b-sft/train.log", "count": 3, "lines": []},
+                         details={"file": "/data/runs/llama-70b-sft/train.log", "count": 3, "lines": [],
+                                  "pattern": "No space left on device"},
                          hint="a write failed because a filesystem is full: free space "
                               "(trainguard cleanup --dry-run) and resume"),
     "cleanup.guard": Finding("cleanup.guard:checkpoints", Severity.WARNING,
@@ -65,6 +66,36 @@ SAMPLES = {
     "cleanup.report": Finding("cleanup.report:checkpoints", Severity.INFO, "s", details={
         "roots": [{"root": "/data/ckpt", "mount": "/data", "files": 12, "bytes": 96 * GiB}],
         "trigger": "usage", "skipped": {}}, labels={"policy": "checkpoints", "mountpoint": "/data"}),
+    "cleanup.blocked": Finding("cleanup.blocked:hf-cache", Severity.WARNING, "s", details={
+        "roots": [], "trigger": "usage", "skipped": {}, "planned_files": 0, "planned_bytes": 0,
+        "blocked": ["/root/.cache/huggingface is read-only for trainguard (mounted read-only here)"]},
+        labels={"policy": "hf-cache"}),
+    "fs.next_checkpoint": Finding(f"fs.next_checkpoint:{LONG_MP}", Severity.CRITICAL, "s", details={
+        "mountpoint": LONG_MP, "checkpoint_bytes": 140 * GiB, "needed_bytes": 154 * GiB, "avail_bytes": 150 * GiB,
+        "used_ratio": 0.85, "avail_at_next_bytes": 131 * GiB, "next_write_ts": T0 + 1500,
+        "next_write_in_seconds": 1500, "every_seconds": 3600, "roots": [LONG_MP]}, labels={"mountpoint": LONG_MP}),
+    "gpu.risky_write": Finding("gpu.risky_write:4242:/mnt/juicefs", Severity.INFO, "s", details={
+        "pid": 4242, "gpu": 3, "cmdline": "/usr/bin/python3 /root/code/train.py --lr 3e-4",
+        "mountpoint": "/mnt/juicefs", "fstype": "fuse.juicefs",
+        "files": ["/mnt/juicefs/team/runs/llama-70b/events.out.tfevents.1764740000.gpu3.4242.0",
+                  "/mnt/juicefs/team/runs/llama-70b/train.log"],
+        "categories": ["log", "tfevents"], "attribution": "nvml"}, labels={"mountpoint": "/mnt/juicefs", "gpu": "3"}),
+    "mirror.lag": Finding("mirror.lag:runs", Severity.WARNING, "s", details={
+        "mirror": "runs", "dest": "/mnt/juicefs/team/runs", "lag_s": 1830.0, "pending_files": 14,
+        "pending_bytes": 3 * GiB, "reason": "statfs timed out", "reason_kind": "unresponsive"},
+        labels={"mirror": "runs"}, value=1830.0, threshold=900.0),
+    "state.unwritable": Finding("state.unwritable:/var/lib/trainguard", Severity.WARNING, "s", details={
+        "state_dir": "/var/lib/trainguard", "error": "database or disk is full", "parts": ["history", "outbox"],
+        "since": T0 - 600}, labels={"state_dir": "/var/lib/trainguard"}),
+    "guard.wont-fit": Finding("guard.wont-fit:/data/ckpt/step-9000.pt", Severity.CRITICAL, "s", details={
+        "pid": 4242, "source": "transformers", "bytes": 140 * GiB, "avail": 90 * GiB, "reserve": 10 * GiB,
+        "message": "", "ts": T0}, labels={"mountpoint": "/data", "path": "/data/ckpt/step-9000.pt"}),
+    "guard.stopped": Finding("guard.stopped:/data/ckpt/step-9000.pt", Severity.CRITICAL, "s", details={
+        "pid": 4242, "source": "save_checkpoint", "bytes": 140 * GiB, "avail": 150 * GiB, "reserve": 10 * GiB,
+        "message": "", "ts": T0}, labels={"mountpoint": "/data", "path": "/data/ckpt/step-9000.pt"}),
+    "guard.fallback": Finding("guard.fallback:/scratch/ckpt/step-9000.pt", Severity.WARNING, "s", details={
+        "pid": 4242, "source": "lightning", "bytes": 140 * GiB, "avail": 90 * GiB, "reserve": None,
+        "message": "", "ts": T0}, labels={"mountpoint": "/scratch", "path": "/scratch/ckpt/step-9000.pt"}),
     "trainguard.test": Finding("trainguard.test", Severity.WARNING, "s", details={"host": "gpu3"}),
 }
 HOST = "gpu-node-03"

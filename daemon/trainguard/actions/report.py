@@ -213,6 +213,9 @@ def findings_for(report: CleanupReport) -> list[Finding]:
         ],
         "trigger": report.trigger,
         "skipped": dict(report.skipped),
+        "blocked": list(report.blocked),
+        "planned_files": report.planned_files,
+        "planned_bytes": report.planned_bytes,
     }
     labels = {"policy": report.policy}
     out = [_blocked_finding(report, details, labels)] if report.blocked else []

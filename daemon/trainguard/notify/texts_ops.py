@@ -1,0 +1,142 @@
+"""Texts for what trainguard itself does and keeps: cleanup that cannot delete, the next checkpoint that
+will not fit, mirrors that lag, its own state that cannot be written, and what the in-trainer guard
+did at save time (see notify/texts.py)."""
+
+from __future__ import annotations
+
+from trainguard.i18n import N_, Gettext
+from trainguard.notify.texts import Texts, renders, short_path
+from trainguard.records import Finding
+from trainguard.units import format_bytes, format_duration, format_ratio
+
+
+@renders("cleanup.blocked")
+def _cleanup_blocked(f: Finding, _: Gettext) -> Texts:
+    policy = f.labels["policy"]
+    blocked = f.details.get("blocked") or [f.summary.split(": ", 1)[-1]]
+    return Texts(
+        fact=_("cleanup {policy} cannot delete").format(policy=policy),
+        subject=_("cleanup {policy} write access").format(policy=policy),
+        what=_("Cleanup {policy} cannot delete under its roots: {reasons}.").format(
+            policy=policy, reasons="; ".join(blocked)),
+        why=_("The roots are read-only for trainguard, so this policy frees no space when the disk fills."),
+        step=_("Give trainguard write access there: under the shipped systemd unit add the root to "
+               "ReadWritePaths= (systemctl edit trainguard, then restart); elsewhere remount it read-write "
+               "or fix its permissions."))
+
+
+@renders("fs.next_checkpoint")
+def _fs_next_checkpoint(f: Finding, _: Gettext) -> Texts:
+    d, mp = f.details, str(f.details.get("mountpoint") or f.labels.get("mountpoint") or "")
+    ckpt = format_bytes(d["checkpoint_bytes"])
+    free_then = format_bytes(max(d["avail_at_next_bytes"], 0))
+    if d.get("next_write_in_seconds") is not None:
+        eta = format_duration(d["next_write_in_seconds"])
+        fact = _("{mp} next checkpoint won't fit (in {eta})").format(mp=short_path(mp, 24), eta=eta)
+        what = _("The next checkpoint on {mp} (about {ckpt}, due in about {eta}) will not fit: {free} free "
+                 "then, {need} needed.").format(mp=mp, ckpt=ckpt, eta=eta, free=free_then,
+                                                 need=format_bytes(d["needed_bytes"]))
+    else:
+        fact = _("{mp} next checkpoint won't fit").format(mp=short_path(mp, 24))
+        what = _("The next checkpoint on {mp} (about {ckpt}) will not fit: {free} free, {need} needed.").format(
+            mp=mp, ckpt=ckpt, free=free_then, need=format_bytes(d["needed_bytes"]))
+    used = _(" The disk is {used} full.").format(used=format_ratio(d["used_ratio"])) if d.get("used_ratio") else ""
+    return Texts(
+        fact=fact, subject=_("{mp} next checkpoint").format(mp=short_path(mp)), what=what + used,
+        why=_("A save that does not fit fails halfway: the checkpoint is lost and the trainer may crash."),
+        step=_("Free space before the next save (trainguard cleanup --dry-run shows candidates), lower "
+               "keep_last, or save to a larger volume."))
+
+
+MIRROR_CAUSES = {
+    "unresponsive": N_("The share does not answer."),
+    "full": N_("The share is full."),
+    "permission": N_("trainguard may not write to the share."),
+    "changing": N_("A file keeps changing while it is copied."),
+    "error": N_("Copying fails."),
+    "copying": N_("It is still copying."),
+}
+MIRROR_STEPS = {
+    "unresponsive": N_("Check the share's mount (network, FUSE daemon). Training is safe on local disk, and the "
+                       "copy resumes by itself when the share answers."),
+    "full": N_("Free space or quota on the share; until then the copies stay on local disk only."),
+    "permission": N_("Make the destination writable for trainguard's user (or fix a read-only mount)."),
+    "changing": N_("Write that file under a temporary name and rename it when it is complete."),
+    "error": N_("Run trainguard mirror to see the failing file."),
+    "copying": N_("A large first copy takes time; trainguard status shows its progress."),
+}
+
+
+@renders("mirror.lag")
+def _mirror_lag(f: Finding, _: Gettext) -> Texts:
+    d = f.details
+    name, lag = d["mirror"], format_duration(d["lag_s"])
+    kind = d.get("reason_kind") if d.get("reason_kind") in MIRROR_CAUSES else "copying"
+    cause = _(MIRROR_CAUSES[kind])
+    if kind == "error" and d.get("reason"):
+        cause = _("Copying fails: {reason}.").format(reason=d["reason"])
+    return Texts(
+        fact=_("mirror {name} {lag} behind").format(name=name, lag=lag),
+        subject=_("mirror {name}").format(name=name),
+        what=_("Changes on local disk have not reached {dest} for {lag}: {files} files ({size}) waiting.").format(
+            dest=d["dest"], lag=lag, files=d.get("pending_files") or 0, size=format_bytes(d.get("pending_bytes") or 0)),
+        why=cause + " " + _("Until they arrive, the share lacks the newest checkpoints and logs."),
+        step=_(MIRROR_STEPS[kind]))
+
+
+@renders("state.unwritable")
+def _state_unwritable(f: Finding, _: Gettext) -> Texts:
+    d = f.details
+    state_dir = str(d["state_dir"])
+    return Texts(
+        fact=_("cannot write state in {dir}").format(dir=short_path(state_dir, 30)),
+        subject=_("trainguard state in {dir}").format(dir=short_path(state_dir)),
+        what=_("trainguard cannot write its state ({parts}) in {dir}: {error}.").format(
+            parts=", ".join(d.get("parts") or ()), dir=state_dir, error=d["error"]),
+        why=_("Until then history and undelivered alerts are kept in memory only: a restart loses them."),
+        step=_("Free space on the filesystem holding {dir}, or move general.state_dir to another disk.").format(
+            dir=state_dir))
+
+
+def _guard_where(f: Finding) -> tuple[str, str, str]:
+    path = str(f.labels.get("path") or f.key.split(":", 1)[-1])
+    mount = str(f.labels.get("mountpoint") or "")
+    avail = f.details.get("avail")
+    return path, mount, format_bytes(avail) if avail is not None else "-"
+
+
+@renders("guard.wont-fit")
+def _guard_wont_fit(f: Finding, _: Gettext) -> Texts:
+    path, mount, avail = _guard_where(f)
+    return Texts(
+        fact=_("{mp} checkpoint won't fit, save refused").format(mp=short_path(mount, 24)),
+        subject=_("checkpoint saves on {mp}").format(mp=short_path(mount)),
+        what=_("The checkpoint save was refused before writing: {path} needs about {size}, {avail} free on "
+               "{mp}.").format(path=path, size=format_bytes(f.details.get("bytes") or 0), avail=avail, mp=mount),
+        why=_("A save that does not fit fails halfway and can take the previous checkpoint with it."),
+        step=_("Free space on that filesystem (trainguard cleanup --dry-run shows candidates), lower keep_last, "
+               "or give the save a fallback directory."))
+
+
+@renders("guard.stopped")
+def _guard_stopped(f: Finding, _: Gettext) -> Texts:
+    path, mount, avail = _guard_where(f)
+    return Texts(
+        fact=_("{mp} full, training stopped after saving").format(mp=short_path(mount, 24)),
+        subject=_("training run on {mp}").format(mp=short_path(mount)),
+        what=_("The training run (PID {pid}) saved {path} and stopped for disk space: {avail} free on {mp}.").format(
+            pid=f.details.get("pid", "-"), path=path, avail=avail, mp=mount),
+        why=_("The next save would not have fit; stopping cleanly keeps the last checkpoint whole."),
+        step=_("Free space and resume from the last checkpoint."))
+
+
+@renders("guard.fallback")
+def _guard_fallback(f: Finding, _: Gettext) -> Texts:
+    path = _guard_where(f)[0]
+    return Texts(
+        fact=_("checkpoint saved to fallback dir"),
+        subject=_("checkpoint saves on the primary directory"),
+        what=_("The checkpoint was saved in the fallback directory: {path}.").format(path=path),
+        why=_("The primary directory did not have room for it."),
+        step=_("Free space on the primary directory (trainguard cleanup --dry-run shows candidates)."))
+
