@@ -16,11 +16,19 @@ from tests.test_i18n import finding_kinds_in_code
 T0 = 1_800_000_000.0
 GiB = 2**30
 LONG_MP = "/root/autodl-tmp/experiments/llama-70b-sft/checkpoints"
-VERDICT = ("PID 4242 thread pt_main_thread (python3) blocked writing /mnt/juicefs/team/runs/llama-70b/"
-           "events.out.tfevents.1764740000.gpu3.4242.0 on fuse.juicefs, mount unresponsive 12m")
+EVENTS = "/mnt/juicefs/team/runs/llama-70b/events.out.tfevents.1764740000.gpu3.4242.0"
+# The diagnosis facts diagnosis.verdict keeps (Diagnosis.facts), and the English it says them in.
+STALL_FACTS = {"case": "blocked_on_file", "syscall": "write", "file": EVENTS, "fstype": "fuse.juicefs",
+               "mount": "/mnt/juicefs", "kind": "fuse", "category": "tfevents", "unresponsive_s": 720.0,
+               "process": {"pid": 4242, "command": "python3 train.py", "thread": "pt_main_thread",
+                           "thread_os": "python3"}}
+VERDICT = (f"PID 4242 [python3 train.py] thread pt_main_thread (python3) blocked writing {EVENTS} on fuse.juicefs "
+           "at /mnt/juicefs, mount unresponsive 12m")
 TFEVENTS_REMEDY = ("TensorBoard's event writer is stuck on the shared filesystem: log to local disk "
-                   "(e.g. SummaryWriter('/tmp/runs')) and sync to the share in the background (rsync); "
-                   "if it must stay there, raise flush_secs and lower max_queue")
+                   "(e.g. SummaryWriter('/tmp/runs')) and mirror it to the share with trainguard's [[mirror]] "
+                   "(or rsync it in the background); if it must stay there, raise flush_secs and lower max_queue. "
+                   "/mnt/juicefs is not answering: check its FUSE daemon; the job continues by itself if the "
+                   "mount recovers")
 
 # One finding per kind, with the details its detector sets (long names where a name can be long).
 SAMPLES = {
@@ -46,7 +54,7 @@ SAMPLES = {
         "gpu": 3, "uuid": "GPU-x", "name": "NVIDIA H100 80GB HBM3", "memory_used_bytes": 78 * GiB,
         "memory_total_bytes": 80 * GiB, "util_mean_ratio": 0.0, "util_recent": [0.0] * 30,
         "stalled_since": T0 - 1900, "stalled_for_s": 1900.0, "processes": [], "verdict": VERDICT,
-        "diagnosis": {"verdict": VERDICT}}, labels={"gpu": "3"}, hint=TFEVENTS_REMEDY),
+        "diagnosis": {"verdict": VERDICT, "remedy": TFEVENTS_REMEDY, "facts": STALL_FACTS}}, labels={"gpu": "3"}, hint=TFEVENTS_REMEDY),
     "gpu.orphan": Finding("gpu.orphan:1:4242", Severity.WARNING, "s", details={
         "gpu": 1, "host_pid": 4242, "pid": None, "state": None, "used_memory_bytes": 30 * GiB}),
     "gpu.xid": Finding("gpu.xid:0", Severity.CRITICAL, "s", details={"gpu": 0, "uuid": "u", "xids": [13, 48],

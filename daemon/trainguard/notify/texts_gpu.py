@@ -18,25 +18,45 @@ def _gpu(f: Finding) -> str:
     return str(f.details.get("gpu", f.labels.get("gpu", "?")))
 
 
+def _stall_step(f: Finding, gpu: str, _: Gettext) -> str:
+    """The remedy from the diagnosis facts; without them (an alert queued by an older version) the
+    detector's English hint, after the generic step when it has no translation."""
+    from trainguard.diagnosis.words import remedy_text
+
+    facts = (f.details.get("diagnosis") or {}).get("facts")
+    if facts:
+        return remedy_text(facts, _)
+    hint = plain(f.hint)
+    generic = _("Run trainguard diagnose {gpu} to see what its processes are blocked on.").format(gpu=gpu)
+    step = _(hint) if hint and "diagnose" not in hint else generic
+    if step == hint and _ is not tr("en"):
+        step = f"{generic} {hint}"
+    return step
+
+
+def _stall_why(f: Finding, _: Gettext) -> str:
+    from trainguard.diagnosis.words import verdict_text
+
+    facts = (f.details.get("diagnosis") or {}).get("facts")
+    verdict = verdict_text(facts, _) if facts else f.details.get("verdict")
+    if not verdict:
+        return _("The training job holds the GPU but does no work: it is probably stuck on I/O or a dead peer.")
+    return _("Diagnosis: {verdict}.").format(verdict=plain(str(verdict)))
+
+
 @renders("gpu.stall")
 def _gpu_stall(f: Finding, _: Gettext) -> Texts:
     d, gpu = f.details, _gpu(f)
     stalled = format_duration(d["stalled_for_s"])
     name = f" ({d['name']})" if d.get("name") else ""
-    hint = plain(f.hint)
-    generic = _("Run trainguard diagnose {gpu} to see what its processes are blocked on.").format(gpu=gpu)
-    step = _(hint) if hint and "diagnose" not in hint else generic
-    if step == hint and _ is not tr("en"):
-        step = f"{generic} {hint}"  # a remedy with no translation: the generic step, then its detail
     return Texts(
         fact=_("GPU {gpu} stalled for {stalled}").format(gpu=gpu, stalled=stalled),
         subject=_("GPU {gpu} stall").format(gpu=gpu),
         what=_("GPU {gpu}{name} holds {used} of {total} VRAM but has been {util} busy for {stalled}.").format(
             gpu=gpu, name=name, used=format_bytes(d["memory_used_bytes"]), total=format_bytes(d["memory_total_bytes"]),
             util=format_ratio(d["util_mean_ratio"]), stalled=stalled),
-        why=(_("Diagnosis: {verdict}.").format(verdict=plain(str(d["verdict"]))) if d.get("verdict") else
-             _("The training job holds the GPU but does no work: it is probably stuck on I/O or a dead peer.")),
-        step=step)
+        why=_stall_why(f, _),
+        step=_stall_step(f, gpu, _))
 
 
 @renders("gpu.orphan")
@@ -128,9 +148,7 @@ def _gpu_risky_write(f: Finding, _: Gettext) -> Texts:
 def translated_sources() -> list[str]:
     """English texts defined outside this package that are rendered through the catalog."""
     from trainguard.detectors.gpu import XID_MEANINGS, _log_hint
-    from trainguard.diagnosis.verdict import remedy_for as _remedy_for
 
     out = [m for pair in XID_MEANINGS.values() for m in pair]
     out += [_log_hint(p) for p in LOG_HINT_PATTERNS]
-    out += [_remedy_for(category, "nfs", "/share", False) for category in ("tfevents", "checkpoint")]
     return out
