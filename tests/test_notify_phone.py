@@ -3,6 +3,7 @@ renders, times with their offset; for every finding kind, in English and in Chin
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -164,3 +165,79 @@ def test_resolved_in_chinese_says_what_recovered_and_how_long_it_lasted():
     assert m.text.startswith("已恢复正常。最后一次看到：/data 已用 96.1%")
     assert "下一步" not in m.text and "原因" not in m.text
     assert "已恢复 · " in m.text and OFFSET_TIME.search(m.text)
+
+
+def test_the_zh_stall_verdict_is_said_from_the_facts():
+    zh = compose("gpu-07", [AlertEvent(AlertStatus.FIRING, SAMPLES["gpu.stall"], started_at=T0, ts=T0)], "zh")
+    assert (f"原因：诊断：PID 4242 [python3 train.py] 的线程 pt_main_thread (python3) 在写入 {EVENTS} 时阻塞"
+            "（fuse.juicefs，挂载点 /mnt/juicefs），该挂载已 12m 无响应。") in zh.text
+    assert "下一步：TensorBoard 的 event writer 卡在共享文件系统上" in zh.text
+    assert "/mnt/juicefs 没有响应：检查它的 FUSE 守护进程" in zh.text
+    assert "blocked" not in zh.text and "Diagnosis" not in zh.text
+    assert zh.payload["details"]["verdict"] == VERDICT and zh.payload["hint"] == TFEVENTS_REMEDY  # JSON: English
+
+
+def test_a_stall_queued_without_facts_still_reads_in_order():
+    """An alert queued by a version before the facts: its English verdict, the generic step first in zh."""
+    old = Finding("gpu.stall:3", Severity.CRITICAL, "s", details={
+        **{k: v for k, v in SAMPLES["gpu.stall"].details.items() if k != "diagnosis"}, "diagnosis": {}},
+        labels={"gpu": "3"}, hint="an untranslated remedy")
+    en = texts_for(old, tr("en"))
+    zh = texts_for(old, tr("zh"))
+    assert en.why == f"Diagnosis: {VERDICT}." and en.step == "an untranslated remedy"
+    assert zh.why == f"诊断：{VERDICT}。" and zh.step.startswith("运行 trainguard diagnose 3") and not zh.fallback
+
+
+PROC = {"pid": 77, "command": "python train.py", "thread": "MainThread", "thread_os": "python"}
+REMOTE = {"file": "/mnt/nfs/ckpt/step-100.pt", "fstype": "nfs4", "mount": "/mnt/nfs", "kind": "network",
+          "category": "checkpoint", "unresponsive_s": 300.0}
+VERDICT_CASES = [
+    {"case": "blocked_on_file", "process": PROC, "syscall": "fsync", **REMOTE},
+    {"case": "blocked_on_file", "process": PROC, "syscall": "ioctl", "file": "/data/x.bin", "mount": "/data"},
+    {"case": "blocked_on_file", "process": {**PROC, "inferred": "holds /dev/nvidia0 open"}, "syscall": "write",
+     "file": "/data/x.log", "mount": None},
+    {"case": "blocked_with_remote_file", "process": PROC, "wait": "request_wait_answer",
+     **REMOTE, "category": "log", "kind": "fuse", "unresponsive_s": None},
+    {"case": "blocked", "process": PROC, "wait": "", "state": "D"},
+    {"case": "no_process", "log": "RuntimeError: NCCL timeout"},
+    {"case": "not_inspectable", "why": "PID 4242 is not in this PID namespace"},
+    {"case": "io_moving", "process": PROC},
+    {"case": "log_error", "log": "RuntimeError: CUDA error: an illegal memory access"},
+    {"case": "idle"},
+    {"case": "timed_out", "deadline_s": 5.0, "unresponsive_mounts": ["/mnt/a", "/mnt/b"]},
+]
+
+
+@pytest.mark.parametrize("facts", VERDICT_CASES, ids=lambda f: f["case"])
+def test_every_verdict_and_remedy_reads_in_chinese(facts):
+    from trainguard.diagnosis.words import remedy_text, verdict_text
+
+    for say in (verdict_text, remedy_text):
+        en, zh = say(facts, tr("en")), say(facts, tr("zh"))
+        assert re.search(r"[\u4e00-\u9fff]", zh) and zh != en, (say.__name__, zh)
+        assert not re.search(r"\b(blocked|writing|syncing|mount unresponsive|no thread|cannot)\b", zh), zh
+        for fact in (facts.get("file"), facts.get("mount"), (facts.get("process") or {}).get("command")):
+            if fact and fact in en:
+                assert fact in zh  # paths and commands unchanged
+
+
+def test_a_credential_in_a_watched_log_line_never_reaches_a_message():
+    from trainguard.detectors.gpu import detect_log_matches
+    from trainguard.records import LogMatch, Snapshot
+
+    line = ("requests.exceptions.HTTPError: 401 Client Error for url: "
+            "https://bot:hunter2pass@hub.example.com/api/models?token=hf_SeCrEt123456 No space left on device")
+    snap = Snapshot(ts=T0, log_matches=(LogMatch("/data/train.log", line, "No space left on device", T0),))
+    (found,) = detect_log_matches([], snap)
+    assert found.key == "log.match:/data/train.log#No space left on device"
+    # An alert queued before the detector scrubbed its lines is scrubbed where the message quotes it.
+    queued = Finding(found.key, found.severity, f"/data/train.log: {line}", details={**found.details, "lines": []},
+                     labels=found.labels, hint=found.hint)
+    for f in (found, queued):
+        for lang in ("en", "zh"):
+            m = compose(HOST, [AlertEvent(AlertStatus.FIRING, f, started_at=T0, ts=T0)], lang)
+            shown = m.title + m.text + m.markdown
+            assert "hunter2pass" not in shown and "hf_SeCrEt123456" not in shown, shown
+            assert "hub.example.com/api/models" in shown  # the rest of the line stays readable
+    wire = json.dumps(compose(HOST, [AlertEvent(AlertStatus.FIRING, found, started_at=T0, ts=T0)]).payload)
+    assert "hunter2pass" not in wire and "hf_SeCrEt123456" not in wire
