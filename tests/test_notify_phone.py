@@ -71,7 +71,9 @@ SAMPLES = {
                               "(trainguard cleanup --dry-run) and resume"),
     "cleanup.guard": Finding("cleanup.guard:checkpoints", Severity.WARNING,
                              "cleanup checkpoints stopped, nothing deleted: would delete 412 files, max_delete is 200",
-                             details={"roots": [], "trigger": "usage", "skipped": {}}, labels={"policy": "checkpoints"}),
+                             details={"roots": [], "trigger": "usage", "skipped": {}, "blocked": [],
+                                      "planned_files": 412, "planned_bytes": 310 * GiB},
+                             labels={"policy": "checkpoints"}),
     "cleanup.report": Finding("cleanup.report:checkpoints", Severity.INFO, "s", details={
         "roots": [{"root": "/data/ckpt", "mount": "/data", "files": 12, "bytes": 96 * GiB}],
         "trigger": "usage", "skipped": {}}, labels={"policy": "checkpoints", "mountpoint": "/data"}),

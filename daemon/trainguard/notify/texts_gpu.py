@@ -132,10 +132,12 @@ def _gpu_risky_write(f: Finding, _: Gettext) -> Texts:
 
     d, gpu, mp = f.details, _gpu(f), str(f.details["mountpoint"])
     files = list(d["files"])
-    what = _(LIST_SEP).join(_(RISKY_WHAT[c]) for c in d.get("categories", ()) if c in RISKY_WHAT)
+    kinds = [c for c in RISKY_WHAT if c in d.get("categories", ())] or ["log"]  # riskiest first
+    what = _(LIST_SEP).join(_(RISKY_WHAT[c]) for c in kinds)
     more = _(" and {n} more").format(n=len(files) - 1) if len(files) > 1 else ""
     return Texts(
-        fact=_("GPU {gpu} job writes {what} on {mp}").format(gpu=gpu, what=what, mp=short_path(mp, 20)),
+        fact=_("GPU {gpu} job writes {what} on {mp}").format(gpu=gpu, what=_(RISKY_WHAT[kinds[0]]),
+                                                             mp=short_path(mp, 20)),
         subject=_("GPU {gpu} writes on {mp}").format(gpu=gpu, mp=short_path(mp)),
         what=_("PID {pid} ({command}) on GPU {gpu} writes {what} on {fstype} {mp}: {file}{more}.").format(
             pid=d["pid"], command=short_command(str(d.get("cmdline") or "")), gpu=gpu, what=what,

@@ -32,12 +32,12 @@ def _fs_next_checkpoint(f: Finding, _: Gettext) -> Texts:
     free_then = format_bytes(max(d["avail_at_next_bytes"], 0))
     if d.get("next_write_in_seconds") is not None:
         eta = format_duration(d["next_write_in_seconds"])
-        fact = _("{mp} next checkpoint won't fit (in {eta})").format(mp=short_path(mp, 24), eta=eta)
+        fact = _("{mp} no room for next checkpoint ({eta})").format(mp=short_path(mp, 20), eta=eta)
         what = _("The next checkpoint on {mp} (about {ckpt}, due in about {eta}) will not fit: {free} free "
                  "then, {need} needed.").format(mp=mp, ckpt=ckpt, eta=eta, free=free_then,
                                                  need=format_bytes(d["needed_bytes"]))
     else:
-        fact = _("{mp} next checkpoint won't fit").format(mp=short_path(mp, 24))
+        fact = _("{mp} no room for next checkpoint").format(mp=short_path(mp, 20))
         what = _("The next checkpoint on {mp} (about {ckpt}) will not fit: {free} free, {need} needed.").format(
             mp=mp, ckpt=ckpt, free=free_then, need=format_bytes(d["needed_bytes"]))
     used = _(" The disk is {used} full.").format(used=format_ratio(d["used_ratio"])) if d.get("used_ratio") else ""
@@ -80,7 +80,7 @@ def _mirror_lag(f: Finding, _: Gettext) -> Texts:
         subject=_("mirror {name}").format(name=name),
         what=_("Changes on local disk have not reached {dest} for {lag}: {files} files ({size}) waiting.").format(
             dest=d["dest"], lag=lag, files=d.get("pending_files") or 0, size=format_bytes(d.get("pending_bytes") or 0)),
-        why=cause + " " + _("Until they arrive, the share lacks the newest checkpoints and logs."),
+        why=_("{cause} Until they arrive, the share lacks the newest checkpoints and logs.").format(cause=cause),
         step=_(MIRROR_STEPS[kind]))
 
 
