@@ -243,3 +243,29 @@ def test_a_credential_in_a_watched_log_line_never_reaches_a_message():
             assert "hub.example.com/api/models" in shown  # the rest of the line stays readable
     wire = json.dumps(compose(HOST, [AlertEvent(AlertStatus.FIRING, found, started_at=T0, ts=T0)]).payload)
     assert "hunter2pass" not in wire and "hf_SeCrEt123456" not in wire
+
+
+def test_the_findings_the_code_builds_carry_what_their_renderers_read(tmp_path):
+    """The renderers read facts from details: built by the real code, no kind falls back to English."""
+    from trainguard import guardspool
+    from trainguard.actions.guard_inbox import FINDING_KINDS, finding_for
+    from trainguard.actions.report import CleanupReport, RootReport, findings_for
+    from trainguard.diagnosis.model import FileView
+    from trainguard.diagnosis.placement import GpuProcessRef, _finding
+    from trainguard.store.writes import WriteProblem, unwritable_finding
+
+    ckpt = str(tmp_path / "ckpt" / "step-9000.pt")
+    built = [finding_for(guardspool.GuardEvent(T0, kind.split(".", 1)[1], ckpt, 4242, 140 * GiB, 90 * GiB))
+             for kind in FINDING_KINDS]
+    built.append(unwritable_finding(WriteProblem(T0, "database or disk is full", ("history",)), "/var/lib/tg", T0))
+    report = CleanupReport("ckpt", "checkpoints", "watermark", False, T0, T0 + 1,
+                           (RootReport(str(tmp_path), "/data", 3, 9 * GiB),), 0, 0, guard="412 files would exceed",
+                           planned_files=412, planned_bytes=310 * GiB, blocked=(f"{tmp_path} is read-only",))
+    built += findings_for(report)
+    view = FileView(5, "/mnt/nfs/runs/events.out.tfevents.1", "tfevents", "/mnt/nfs", "nfs4", "network", None, True)
+    built.append(_finding(GpuProcessRef(4242, 1), "python3 train.py", "/mnt/nfs", [view]))
+    assert {f.kind for f in built} >= {*FINDING_KINDS, "state.unwritable", "cleanup.guard", "cleanup.blocked",
+                                       "gpu.risky_write"}
+    for f in built:
+        for lang in ("en", "zh"):
+            assert not texts_for(f, tr(lang)).fallback, (f.kind, lang)
