@@ -79,7 +79,8 @@ SAMPLES = {
         "trigger": "usage", "skipped": {}}, labels={"policy": "checkpoints", "mountpoint": "/data"}),
     "cleanup.blocked": Finding("cleanup.blocked:hf-cache", Severity.WARNING, "s", details={
         "roots": [], "trigger": "usage", "skipped": {}, "planned_files": 0, "planned_bytes": 0,
-        "blocked": ["/root/.cache/huggingface is read-only for trainguard (mounted read-only here)"]},
+        "blocked": ["/root/.cache/huggingface is read-only for trainguard (mounted read-only here)"],
+        "blocked_paths": [{"path": "/root/.cache/huggingface", "why": "read-only"}]},
         labels={"policy": "hf-cache"}),
     "fs.next_checkpoint": Finding(f"fs.next_checkpoint:{LONG_MP}", Severity.CRITICAL, "s", details={
         "mountpoint": LONG_MP, "checkpoint_bytes": 140 * GiB, "needed_bytes": 154 * GiB, "avail_bytes": 150 * GiB,

@@ -10,15 +10,23 @@ from trainguard.records import Finding
 from trainguard.units import format_bytes, format_duration, format_ratio
 
 
+BLOCKED_WHY = {"read-only": N_("{path} is mounted read-only here"),
+               "permission": N_("{path} is not writable for trainguard's user")}
+
+
 @renders("cleanup.blocked")
 def _cleanup_blocked(f: Finding, _: Gettext) -> Texts:
     policy = f.labels["policy"]
-    blocked = f.details.get("blocked") or [f.summary.split(": ", 1)[-1]]
+    facts = f.details.get("blocked_paths")
+    if facts:
+        reasons = [_(BLOCKED_WHY.get(b["why"], BLOCKED_WHY["permission"])).format(path=b["path"]) for b in facts]
+    else:  # a finding from before the facts were kept: the run's own words
+        reasons = f.details.get("blocked") or [f.summary.split(": ", 1)[-1]]
     return Texts(
         fact=_("cleanup {policy} cannot delete").format(policy=policy),
         subject=_("cleanup {policy} write access").format(policy=policy),
         what=_("Cleanup {policy} cannot delete under its roots: {reasons}.").format(
-            policy=policy, reasons="; ".join(blocked)),
+            policy=policy, reasons=_("; ").join(reasons)),
         why=_("The roots are read-only for trainguard, so this policy frees no space when the disk fills."),
         step=_("Give trainguard write access there: under the shipped systemd unit add the root to "
                "ReadWritePaths= (systemctl edit trainguard, then restart); elsewhere remount it read-write "
