@@ -270,3 +270,17 @@ def test_the_findings_the_code_builds_carry_what_their_renderers_read(tmp_path):
     for f in built:
         for lang in ("en", "zh"):
             assert not texts_for(f, tr(lang)).fallback, (f.kind, lang)
+
+
+def test_a_credential_in_a_log_line_the_diagnosis_quotes_is_scrubbed_everywhere_it_goes():
+    from trainguard.diagnosis.render import render
+    from trainguard.diagnosis.verdict import build_diagnosis, timed_out
+    from trainguard.records import GpuSample, LogMatch
+
+    line = "wandb: ERROR api_key=0123456789abcdef0123 rejected (https://u:pw-s3cret@api.example.com/x)"
+    logs = [LogMatch("/data/train.log", line, "ERROR", T0)]
+    gpu = GpuSample(0, "GPU-x", "H100", T0, memory_used_bytes=70 * GiB, memory_total_bytes=80 * GiB)
+    for d in (build_diagnosis(gpu, [], logs), timed_out(gpu, (), logs, 5.0)):
+        shown = json.dumps(d.to_dict()) + render(d, "en") + render(d, "zh")
+        assert "0123456789abcdef0123" not in shown and "pw-s3cret" not in shown, shown
+        assert "api.example.com/x" in d.verdict and "日志：wandb: ERROR" in render(d, "zh")

@@ -5,6 +5,7 @@ language (diagnosis.words)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any, Iterable, Sequence
 
@@ -87,6 +88,11 @@ def _blocked_without_file(views: Sequence[ProcessView]) -> dict[str, Any] | None
     return None
 
 
+def _scrubbed(log_lines: Sequence[LogMatch]) -> tuple[LogMatch, ...]:
+    """The last ten log lines as the diagnosis keeps them (it goes out in the alert's JSON): no credentials."""
+    return tuple(dataclasses.replace(m, line=scrub(m.line)) for m in log_lines[-10:])
+
+
 def _log_line(log_lines: Sequence[LogMatch], limit: int) -> str:
     """The newest matching log line, short and without credentials."""
     return scrub(log_lines[-1].line.strip()[:limit]) if log_lines else ""
@@ -126,7 +132,7 @@ def build_diagnosis(gpu: GpuSample, views: Sequence[ProcessView], log_lines: Seq
                     util_recent: Sequence[float] = (), stalled_for_s: float | None = None) -> Diagnosis:
     facts = verdict_facts(views, log_lines)
     return Diagnosis(gpu.index, gpu.name, gpu.memory_used_bytes, gpu.memory_total_bytes, tuple(util_recent),
-                     stalled_for_s, tuple(views), tuple(log_lines[-10:]), verdict_text(facts, EN),
+                     stalled_for_s, tuple(views), _scrubbed(log_lines), verdict_text(facts, EN),
                      remedy_text(facts, EN), attribution_of(views), facts=facts)
 
 
@@ -140,5 +146,5 @@ def timed_out(gpu: GpuSample, probes: Sequence[FsSample], log_lines: Sequence[Lo
     if log_lines:
         facts["log"] = _log_line(log_lines, 160)
     return Diagnosis(gpu.index, gpu.name, gpu.memory_used_bytes, gpu.memory_total_bytes, tuple(util_recent),
-                     stalled_for_s, views, tuple(log_lines[-10:]), verdict_text(facts, EN), remedy_text(facts, EN),
+                     stalled_for_s, views, _scrubbed(log_lines), verdict_text(facts, EN), remedy_text(facts, EN),
                      "none", True, facts)
