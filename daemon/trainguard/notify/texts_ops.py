@@ -106,45 +106,32 @@ def _state_unwritable(f: Finding, _: Gettext) -> Texts:
             dir=state_dir))
 
 
-def _guard_where(f: Finding) -> tuple[str, str, str]:
-    path = str(f.labels.get("path") or f.key.split(":", 1)[-1])
-    mount = str(f.labels.get("mountpoint") or "")
-    avail = f.details.get("avail")
-    return path, mount, format_bytes(avail) if avail is not None else "-"
+# What the in-trainer guard did at save time (actions/guard_inbox.py): fact, subject, what, why, step.
+GUARD_TEXTS = {
+    "guard.wont-fit": (
+        N_("{mp_short} checkpoint won't fit, save refused"), N_("checkpoint saves on {mp_short}"),
+        N_("The checkpoint save was refused before writing: {path} needs about {size}, {avail} free on {mp}."),
+        N_("A save that does not fit fails halfway and can take the previous checkpoint with it."),
+        N_("Free space on that filesystem (trainguard cleanup --dry-run shows candidates), lower keep_last, "
+           "or give the save a fallback directory.")),
+    "guard.stopped": (
+        N_("{mp_short} full, training stopped after saving"), N_("training run on {mp_short}"),
+        N_("The training run (PID {pid}) saved {path} and stopped for disk space: {avail} free on {mp}."),
+        N_("The next save would not have fit; stopping cleanly keeps the last checkpoint whole."),
+        N_("Free space and resume from the last checkpoint.")),
+    "guard.fallback": (
+        N_("checkpoint saved to fallback dir"), N_("checkpoint saves on the primary directory"),
+        N_("The checkpoint was saved in the fallback directory: {path}."),
+        N_("The primary directory did not have room for it."),
+        N_("Free space on the primary directory (trainguard cleanup --dry-run shows candidates).")),
+}
 
 
-@renders("guard.wont-fit")
-def _guard_wont_fit(f: Finding, _: Gettext) -> Texts:
-    path, mount, avail = _guard_where(f)
-    return Texts(
-        fact=_("{mp} checkpoint won't fit, save refused").format(mp=short_path(mount, 24)),
-        subject=_("checkpoint saves on {mp}").format(mp=short_path(mount)),
-        what=_("The checkpoint save was refused before writing: {path} needs about {size}, {avail} free on "
-               "{mp}.").format(path=path, size=format_bytes(f.details.get("bytes") or 0), avail=avail, mp=mount),
-        why=_("A save that does not fit fails halfway and can take the previous checkpoint with it."),
-        step=_("Free space on that filesystem (trainguard cleanup --dry-run shows candidates), lower keep_last, "
-               "or give the save a fallback directory."))
-
-
-@renders("guard.stopped")
-def _guard_stopped(f: Finding, _: Gettext) -> Texts:
-    path, mount, avail = _guard_where(f)
-    return Texts(
-        fact=_("{mp} full, training stopped after saving").format(mp=short_path(mount, 24)),
-        subject=_("training run on {mp}").format(mp=short_path(mount)),
-        what=_("The training run (PID {pid}) saved {path} and stopped for disk space: {avail} free on {mp}.").format(
-            pid=f.details.get("pid", "-"), path=path, avail=avail, mp=mount),
-        why=_("The next save would not have fit; stopping cleanly keeps the last checkpoint whole."),
-        step=_("Free space and resume from the last checkpoint."))
-
-
-@renders("guard.fallback")
-def _guard_fallback(f: Finding, _: Gettext) -> Texts:
-    path = _guard_where(f)[0]
-    return Texts(
-        fact=_("checkpoint saved to fallback dir"),
-        subject=_("checkpoint saves on the primary directory"),
-        what=_("The checkpoint was saved in the fallback directory: {path}.").format(path=path),
-        why=_("The primary directory did not have room for it."),
-        step=_("Free space on the primary directory (trainguard cleanup --dry-run shows candidates)."))
-
+@renders(*GUARD_TEXTS)
+def _guard_event(f: Finding, _: Gettext) -> Texts:
+    d, mount = f.details, str(f.labels.get("mountpoint") or "")
+    facts = {"path": str(f.labels.get("path") or f.key.split(":", 1)[-1]), "mp": mount,
+             "mp_short": short_path(mount, 24), "pid": d.get("pid", "-"), "size": format_bytes(d.get("bytes") or 0),
+             "avail": format_bytes(d["avail"]) if d.get("avail") is not None else "-"}
+    fact, subject, what, why, step = (_(text).format(**facts) for text in GUARD_TEXTS[f.kind])
+    return Texts(fact=fact, subject=subject, what=what, why=why, step=step)
