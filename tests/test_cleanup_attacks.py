@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from trainguard.actions.cleanup import findings_for
+from trainguard.i18n import tr
+from trainguard.notify.texts import texts_for
 from trainguard.records import Severity
 
 from tests.support.cli import cli_env, trainguard
@@ -168,6 +170,9 @@ def test_a_read_only_root_is_a_warning_with_the_next_step_not_silence(tmp_path, 
     (finding,) = [f for f in findings_for(report) if f.key == "cleanup.blocked:p"]
     assert finding.severity is Severity.WARNING and "read-only" in finding.summary and str(root) in finding.summary
     assert "ReadWritePaths=" in finding.hint
+    assert finding.details["blocked_paths"] == [{"path": str(root), "why": "read-only"}]
+    zh = texts_for(finding, tr("zh"))  # a Chinese reader gets the reason from the facts
+    assert zh.what == f"清理策略 p 无法在其目录下删除文件：{root} 在这里是只读挂载。" and not zh.fallback
     assert dry.blocked and dry.files >= 1  # the dry run still shows what would go, and that it cannot
 
 

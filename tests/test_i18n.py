@@ -37,29 +37,62 @@ def _prefix(node) -> str | None:
     return None
 
 
+def _returned_prefixes(tree: ast.AST) -> dict[str, list[str]]:
+    """function name -> the f-string prefixes it returns (key builders such as log_match_key)."""
+    out: dict[str, list[str]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef):
+            out[node.name] = [p for r in ast.walk(node) if isinstance(r, ast.Return) and (p := _prefix(r.value))]
+    return out
+
+
+def _declared_kinds(tree: ast.AST) -> list[str]:
+    """A module whose keys are built from data (f"guard.{event.kind}:...") lists its kinds in FINDING_KINDS."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "FINDING_KINDS" for t in node.targets):
+            return [e.value for e in node.value.elts]
+    return []
+
+
+def _key_texts(key, assigned: list[str], builders: dict[str, list[str]]) -> list[str | None]:
+    if isinstance(key, ast.Name) and key.id == "key":
+        return list(assigned)
+    if isinstance(key, ast.Call) and getattr(key.func, "id", None) in builders:
+        return builders[key.func.id]
+    return [_prefix(key)]
+
+
 def finding_kinds_in_code() -> dict[str, str]:
-    """kind -> file, for every Finding(key=...) the package creates: a literal key, or a `key = f"..."`
-    assigned before the call."""
+    """kind -> file, for every Finding(key=...) the package creates: a literal key, a `key = f"..."` assigned
+    before the call, or a call of a function of the module that returns one; a key whose kind is built from
+    data ("guard.{kind}:") counts the module's FINDING_KINDS and fails without them."""
     kinds: dict[str, str] = {}
     for path in PACKAGE.rglob("*.py"):
+        tree = ast.parse(path.read_text(), str(path))
+        builders = _returned_prefixes(tree)
         assigned: list[str] = []
         calls = []
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(tree):
             if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "key" for t in node.targets):
                 assigned.append(_prefix(node.value) or "")
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Finding":
                 calls.append(next((k.value for k in node.keywords if k.arg == "key"), node.args[0] if node.args else None))
+        rel = str(path.relative_to(PACKAGE))
         for key in calls:
-            texts = assigned if isinstance(key, ast.Name) and key.id == "key" else [_prefix(key)]
-            for text in texts:
+            for text in _key_texts(key, assigned, builders):
                 if text and ":" in text or text == "trainguard.test":
-                    kinds[text.split(":", 1)[0]] = str(path.relative_to(PACKAGE))
+                    kinds[text.split(":", 1)[0]] = rel
+                elif text and text.endswith("."):
+                    declared = [k for k in _declared_kinds(tree) if k.startswith(text)]
+                    assert declared, f"{rel}: a {text}* key built from data needs FINDING_KINDS"
+                    kinds.update(dict.fromkeys(declared, rel))
     return kinds
 
 
 def test_every_finding_kind_the_code_creates_has_a_translated_renderer():
     kinds = finding_kinds_in_code()
-    assert {"fs.usage", "fs.forecast", "gpu.stall", "trainguard.test"} <= set(kinds)  # the walk finds them
+    assert {"fs.usage", "fs.forecast", "gpu.stall", "trainguard.test", "log.match", "guard.stopped",
+            "cleanup.report"} <= set(kinds)  # the walk finds them
     missing = {k: f for k, f in kinds.items() if k not in RENDERERS}
     assert not missing, f"finding kinds with no renderer in notify/texts*.py (see docs/i18n.md): {missing}"
 

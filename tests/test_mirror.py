@@ -17,6 +17,8 @@ from trainguard.actions.mirror.globs import Matcher
 from trainguard.actions.mirror.runner import COPIER, MirrorRunner
 from trainguard.detectors import DetectorInput
 from trainguard.detectors.mirror import detect
+from trainguard.i18n import tr
+from trainguard.notify.texts import texts_for
 from trainguard.records import MirrorState, Snapshot
 from trainguard.store.history import History
 from trainguard.store.state import StateDb
@@ -221,6 +223,8 @@ def test_lag_warning_names_the_mirror_and_the_reason(tmp_path):
     assert f.key == "mirror.lag:runs" and f.severity.value == "warning"
     assert "runs" in f.summary and "15m" in f.summary and "dest full (ENOSPC)" in f.summary
     assert f.labels == {"mirror": "runs"} and "free space" in f.hint
+    zh = texts_for(f, tr("zh"))  # the facts its renderer reads
+    assert zh.fact == "同步 runs 已落后 15m" and zh.why.startswith("共享存储已满。") and not zh.fallback
     assert findings(MirrorState("runs", "/share/runs", now)) == [], "nothing pending: no lag"
 
 

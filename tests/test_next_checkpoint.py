@@ -8,6 +8,8 @@ import os
 import pytest
 from trainguard import config as configmod
 from trainguard.detectors import DetectorInput, checkpoint
+from trainguard.i18n import tr
+from trainguard.notify.texts import texts_for
 from trainguard.records import CheckpointFact, FsSample, FsUsage, Severity
 from trainguard.store.history import History
 
@@ -54,6 +56,7 @@ def test_warns_before_the_write_that_would_not_fit_and_not_while_there_is_room()
             assert f.details["checkpoint_bytes"] == pytest.approx(CKPT, rel=0.05)
             assert f.severity is Severity.CRITICAL  # within checkpoint_critical (30 min) of the write
             assert "will not fit" in f.summary and free_at_next < CKPT
+            assert "放不下下一个 checkpoint" in texts_for(f, tr("zh")).fact  # the facts its renderer reads
 
 
 def test_no_finding_while_the_next_checkpoint_fits_with_its_margin():

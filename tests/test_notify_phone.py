@@ -3,6 +3,7 @@ renders, times with their offset; for every finding kind, in English and in Chin
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -16,11 +17,19 @@ from tests.test_i18n import finding_kinds_in_code
 T0 = 1_800_000_000.0
 GiB = 2**30
 LONG_MP = "/root/autodl-tmp/experiments/llama-70b-sft/checkpoints"
-VERDICT = ("PID 4242 thread pt_main_thread (python3) blocked writing /mnt/juicefs/team/runs/llama-70b/"
-           "events.out.tfevents.1764740000.gpu3.4242.0 on fuse.juicefs, mount unresponsive 12m")
+EVENTS = "/mnt/juicefs/team/runs/llama-70b/events.out.tfevents.1764740000.gpu3.4242.0"
+# The diagnosis facts diagnosis.verdict keeps (Diagnosis.facts), and the English it says them in.
+STALL_FACTS = {"case": "blocked_on_file", "syscall": "write", "file": EVENTS, "fstype": "fuse.juicefs",
+               "mount": "/mnt/juicefs", "kind": "fuse", "category": "tfevents", "unresponsive_s": 720.0,
+               "process": {"pid": 4242, "command": "python3 train.py", "thread": "pt_main_thread",
+                           "thread_os": "python3"}}
+VERDICT = (f"PID 4242 [python3 train.py] thread pt_main_thread (python3) blocked writing {EVENTS} on fuse.juicefs "
+           "at /mnt/juicefs, mount unresponsive 12m")
 TFEVENTS_REMEDY = ("TensorBoard's event writer is stuck on the shared filesystem: log to local disk "
-                   "(e.g. SummaryWriter('/tmp/runs')) and sync to the share in the background (rsync); "
-                   "if it must stay there, raise flush_secs and lower max_queue")
+                   "(e.g. SummaryWriter('/tmp/runs')) and mirror it to the share with trainguard's [[mirror]] "
+                   "(or rsync it in the background); if it must stay there, raise flush_secs and lower max_queue. "
+                   "/mnt/juicefs is not answering: check its FUSE daemon; the job continues by itself if the "
+                   "mount recovers")
 
 # One finding per kind, with the details its detector sets (long names where a name can be long).
 SAMPLES = {
@@ -46,7 +55,7 @@ SAMPLES = {
         "gpu": 3, "uuid": "GPU-x", "name": "NVIDIA H100 80GB HBM3", "memory_used_bytes": 78 * GiB,
         "memory_total_bytes": 80 * GiB, "util_mean_ratio": 0.0, "util_recent": [0.0] * 30,
         "stalled_since": T0 - 1900, "stalled_for_s": 1900.0, "processes": [], "verdict": VERDICT,
-        "diagnosis": {"verdict": VERDICT}}, labels={"gpu": "3"}, hint=TFEVENTS_REMEDY),
+        "diagnosis": {"verdict": VERDICT, "remedy": TFEVENTS_REMEDY, "facts": STALL_FACTS}}, labels={"gpu": "3"}, hint=TFEVENTS_REMEDY),
     "gpu.orphan": Finding("gpu.orphan:1:4242", Severity.WARNING, "s", details={
         "gpu": 1, "host_pid": 4242, "pid": None, "state": None, "used_memory_bytes": 30 * GiB}),
     "gpu.xid": Finding("gpu.xid:0", Severity.CRITICAL, "s", details={"gpu": 0, "uuid": "u", "xids": [13, 48],
@@ -54,17 +63,51 @@ SAMPLES = {
     "gpu.throttle": Finding("gpu.throttle:2", Severity.WARNING, "s", details={
         "gpu": 2, "reasons": ["hw_thermal", "sw_thermal"], "share": 0.96, "temperature_c": 91.0,
         "power_w": 350.0, "power_limit_w": 700.0}),
-    "log.match": Finding("log.match:/data/runs/llama-70b-sft/train.log", Severity.CRITICAL,
+    "log.match": Finding("log.match:/data/runs/llama-70b-sft/train.log#No space left on device", Severity.CRITICAL,
                          "/data/runs/llama-70b-sft/train.log: OSError: [Errno 28] No space left on device",
-                         details={"file": "/data/runs/llama-70b-sft/train.log", "count": 3, "lines": []},
+                         details={"file": "/data/runs/llama-70b-sft/train.log", "count": 3, "lines": [],
+                                  "pattern": "No space left on device"},
                          hint="a write failed because a filesystem is full: free space "
                               "(trainguard cleanup --dry-run) and resume"),
     "cleanup.guard": Finding("cleanup.guard:checkpoints", Severity.WARNING,
                              "cleanup checkpoints stopped, nothing deleted: would delete 412 files, max_delete is 200",
-                             details={"roots": [], "trigger": "usage", "skipped": {}}, labels={"policy": "checkpoints"}),
+                             details={"roots": [], "trigger": "usage", "skipped": {}, "blocked": [],
+                                      "planned_files": 412, "planned_bytes": 310 * GiB},
+                             labels={"policy": "checkpoints"}),
     "cleanup.report": Finding("cleanup.report:checkpoints", Severity.INFO, "s", details={
         "roots": [{"root": "/data/ckpt", "mount": "/data", "files": 12, "bytes": 96 * GiB}],
         "trigger": "usage", "skipped": {}}, labels={"policy": "checkpoints", "mountpoint": "/data"}),
+    "cleanup.blocked": Finding("cleanup.blocked:hf-cache", Severity.WARNING, "s", details={
+        "roots": [], "trigger": "usage", "skipped": {}, "planned_files": 0, "planned_bytes": 0,
+        "blocked": ["/root/.cache/huggingface is read-only for trainguard (mounted read-only here)"],
+        "blocked_paths": [{"path": "/root/.cache/huggingface", "why": "read-only"}]},
+        labels={"policy": "hf-cache"}),
+    "fs.next_checkpoint": Finding(f"fs.next_checkpoint:{LONG_MP}", Severity.CRITICAL, "s", details={
+        "mountpoint": LONG_MP, "checkpoint_bytes": 140 * GiB, "needed_bytes": 154 * GiB, "avail_bytes": 150 * GiB,
+        "used_ratio": 0.85, "avail_at_next_bytes": 131 * GiB, "next_write_ts": T0 + 1500,
+        "next_write_in_seconds": 1500, "every_seconds": 3600, "roots": [LONG_MP]}, labels={"mountpoint": LONG_MP}),
+    "gpu.risky_write": Finding("gpu.risky_write:4242:/mnt/juicefs", Severity.INFO, "s", details={
+        "pid": 4242, "gpu": 3, "cmdline": "/usr/bin/python3 /root/code/train.py --lr 3e-4",
+        "mountpoint": "/mnt/juicefs", "fstype": "fuse.juicefs",
+        "files": ["/mnt/juicefs/team/runs/llama-70b/events.out.tfevents.1764740000.gpu3.4242.0",
+                  "/mnt/juicefs/team/runs/llama-70b/train.log"],
+        "categories": ["log", "tfevents"], "attribution": "nvml"}, labels={"mountpoint": "/mnt/juicefs", "gpu": "3"}),
+    "mirror.lag": Finding("mirror.lag:runs", Severity.WARNING, "s", details={
+        "mirror": "runs", "dest": "/mnt/juicefs/team/runs", "lag_s": 1830.0, "pending_files": 14,
+        "pending_bytes": 3 * GiB, "reason": "statfs timed out", "reason_kind": "unresponsive"},
+        labels={"mirror": "runs"}, value=1830.0, threshold=900.0),
+    "state.unwritable": Finding("state.unwritable:/var/lib/trainguard", Severity.WARNING, "s", details={
+        "state_dir": "/var/lib/trainguard", "error": "database or disk is full", "parts": ["history", "outbox"],
+        "since": T0 - 600}, labels={"state_dir": "/var/lib/trainguard"}),
+    "guard.wont-fit": Finding("guard.wont-fit:/data/ckpt/step-9000.pt", Severity.CRITICAL, "s", details={
+        "pid": 4242, "source": "transformers", "bytes": 140 * GiB, "avail": 90 * GiB, "reserve": 10 * GiB,
+        "message": "", "ts": T0}, labels={"mountpoint": "/data", "path": "/data/ckpt/step-9000.pt"}),
+    "guard.stopped": Finding("guard.stopped:/data/ckpt/step-9000.pt", Severity.CRITICAL, "s", details={
+        "pid": 4242, "source": "save_checkpoint", "bytes": 140 * GiB, "avail": 150 * GiB, "reserve": 10 * GiB,
+        "message": "", "ts": T0}, labels={"mountpoint": "/data", "path": "/data/ckpt/step-9000.pt"}),
+    "guard.fallback": Finding("guard.fallback:/scratch/ckpt/step-9000.pt", Severity.WARNING, "s", details={
+        "pid": 4242, "source": "lightning", "bytes": 140 * GiB, "avail": 90 * GiB, "reserve": None,
+        "message": "", "ts": T0}, labels={"mountpoint": "/scratch", "path": "/scratch/ckpt/step-9000.pt"}),
     "trainguard.test": Finding("trainguard.test", Severity.WARNING, "s", details={"host": "gpu3"}),
 }
 HOST = "gpu-node-03"
@@ -125,3 +168,119 @@ def test_resolved_in_chinese_says_what_recovered_and_how_long_it_lasted():
     assert m.text.startswith("已恢复正常。最后一次看到：/data 已用 96.1%")
     assert "下一步" not in m.text and "原因" not in m.text
     assert "已恢复 · " in m.text and OFFSET_TIME.search(m.text)
+
+
+def test_the_zh_stall_verdict_is_said_from_the_facts():
+    zh = compose("gpu-07", [AlertEvent(AlertStatus.FIRING, SAMPLES["gpu.stall"], started_at=T0, ts=T0)], "zh")
+    assert (f"原因：诊断：PID 4242 [python3 train.py] 的线程 pt_main_thread (python3) 在写入 {EVENTS} 时阻塞"
+            "（fuse.juicefs，挂载点 /mnt/juicefs），该挂载已 12m 无响应。") in zh.text
+    assert "下一步：TensorBoard 的 event writer 卡在共享文件系统上" in zh.text
+    assert "/mnt/juicefs 没有响应：检查它的 FUSE 守护进程" in zh.text
+    assert "blocked" not in zh.text and "Diagnosis" not in zh.text
+    assert zh.payload["details"]["verdict"] == VERDICT and zh.payload["hint"] == TFEVENTS_REMEDY  # JSON: English
+
+
+def test_a_stall_queued_without_facts_still_reads_in_order():
+    """An alert queued by a version before the facts: its English verdict, the generic step first in zh."""
+    old = Finding("gpu.stall:3", Severity.CRITICAL, "s", details={
+        **{k: v for k, v in SAMPLES["gpu.stall"].details.items() if k != "diagnosis"}, "diagnosis": {}},
+        labels={"gpu": "3"}, hint="an untranslated remedy")
+    en = texts_for(old, tr("en"))
+    zh = texts_for(old, tr("zh"))
+    assert en.why == f"Diagnosis: {VERDICT}." and en.step == "an untranslated remedy"
+    assert zh.why == f"诊断：{VERDICT}。" and zh.step.startswith("运行 trainguard diagnose 3") and not zh.fallback
+
+
+PROC = {"pid": 77, "command": "python train.py", "thread": "MainThread", "thread_os": "python"}
+REMOTE = {"file": "/mnt/nfs/ckpt/step-100.pt", "fstype": "nfs4", "mount": "/mnt/nfs", "kind": "network",
+          "category": "checkpoint", "unresponsive_s": 300.0}
+VERDICT_CASES = [
+    {"case": "blocked_on_file", "process": PROC, "syscall": "fsync", **REMOTE},
+    {"case": "blocked_on_file", "process": PROC, "syscall": "ioctl", "file": "/data/x.bin", "mount": "/data"},
+    {"case": "blocked_on_file", "process": {**PROC, "inferred": "holds /dev/nvidia0 open"}, "syscall": "write",
+     "file": "/data/x.log", "mount": None},
+    {"case": "blocked_with_remote_file", "process": PROC, "wait": "request_wait_answer",
+     **REMOTE, "category": "log", "kind": "fuse", "unresponsive_s": None},
+    {"case": "blocked", "process": PROC, "wait": "", "state": "D"},
+    {"case": "no_process", "log": "RuntimeError: NCCL timeout"},
+    {"case": "not_inspectable", "why": "PID 4242 is not in this PID namespace"},
+    {"case": "io_moving", "process": PROC},
+    {"case": "log_error", "log": "RuntimeError: CUDA error: an illegal memory access"},
+    {"case": "idle"},
+    {"case": "timed_out", "deadline_s": 5.0, "unresponsive_mounts": ["/mnt/a", "/mnt/b"]},
+]
+
+
+@pytest.mark.parametrize("facts", VERDICT_CASES, ids=lambda f: f["case"])
+def test_every_verdict_and_remedy_reads_in_chinese(facts):
+    from trainguard.diagnosis.words import remedy_text, verdict_text
+
+    for say in (verdict_text, remedy_text):
+        en, zh = say(facts, tr("en")), say(facts, tr("zh"))
+        assert re.search(r"[\u4e00-\u9fff]", zh) and zh != en, (say.__name__, zh)
+        assert not re.search(r"\b(blocked|writing|syncing|mount unresponsive|no thread|cannot)\b", zh), zh
+        for fact in (facts.get("file"), facts.get("mount"), (facts.get("process") or {}).get("command")):
+            if fact and fact in en:
+                assert fact in zh  # paths and commands unchanged
+
+
+def test_a_credential_in_a_watched_log_line_never_reaches_a_message():
+    from trainguard.detectors.gpu import detect_log_matches
+    from trainguard.records import LogMatch, Snapshot
+
+    line = ("requests.exceptions.HTTPError: 401 Client Error for url: "
+            "https://bot:hunter2pass@hub.example.com/api/models?token=hf_SeCrEt123456 No space left on device")
+    snap = Snapshot(ts=T0, log_matches=(LogMatch("/data/train.log", line, "No space left on device", T0),))
+    (found,) = detect_log_matches([], snap)
+    assert found.key == "log.match:/data/train.log#No space left on device"
+    # An alert queued before the detector scrubbed its lines is scrubbed where the message quotes it.
+    queued = Finding(found.key, found.severity, f"/data/train.log: {line}", details={**found.details, "lines": []},
+                     labels=found.labels, hint=found.hint)
+    for f in (found, queued):
+        for lang in ("en", "zh"):
+            m = compose(HOST, [AlertEvent(AlertStatus.FIRING, f, started_at=T0, ts=T0)], lang)
+            shown = m.title + m.text + m.markdown
+            assert "hunter2pass" not in shown and "hf_SeCrEt123456" not in shown, shown
+            assert "hub.example.com/api/models" in shown  # the rest of the line stays readable
+    wire = json.dumps(compose(HOST, [AlertEvent(AlertStatus.FIRING, found, started_at=T0, ts=T0)]).payload)
+    assert "hunter2pass" not in wire and "hf_SeCrEt123456" not in wire
+
+
+def test_the_findings_the_code_builds_carry_what_their_renderers_read(tmp_path):
+    """The renderers read facts from details: built by the real code, no kind falls back to English."""
+    from trainguard import guardspool
+    from trainguard.actions.guard_inbox import FINDING_KINDS, finding_for
+    from trainguard.actions.report import CleanupReport, RootReport, findings_for
+    from trainguard.diagnosis.model import FileView
+    from trainguard.diagnosis.placement import GpuProcessRef, _finding
+    from trainguard.store.writes import WriteProblem, unwritable_finding
+
+    ckpt = str(tmp_path / "ckpt" / "step-9000.pt")
+    built = [finding_for(guardspool.GuardEvent(T0, kind.split(".", 1)[1], ckpt, 4242, 140 * GiB, 90 * GiB))
+             for kind in FINDING_KINDS]
+    built.append(unwritable_finding(WriteProblem(T0, "database or disk is full", ("history",)), "/var/lib/tg", T0))
+    report = CleanupReport("ckpt", "checkpoints", "watermark", False, T0, T0 + 1,
+                           (RootReport(str(tmp_path), "/data", 3, 9 * GiB),), 0, 0, guard="412 files would exceed",
+                           planned_files=412, planned_bytes=310 * GiB, blocked=(f"{tmp_path} is read-only",))
+    built += findings_for(report)
+    view = FileView(5, "/mnt/nfs/runs/events.out.tfevents.1", "tfevents", "/mnt/nfs", "nfs4", "network", None, True)
+    built.append(_finding(GpuProcessRef(4242, 1), "python3 train.py", "/mnt/nfs", [view]))
+    assert {f.kind for f in built} >= {*FINDING_KINDS, "state.unwritable", "cleanup.guard", "cleanup.blocked",
+                                       "gpu.risky_write"}
+    for f in built:
+        for lang in ("en", "zh"):
+            assert not texts_for(f, tr(lang)).fallback, (f.kind, lang)
+
+
+def test_a_credential_in_a_log_line_the_diagnosis_quotes_is_scrubbed_everywhere_it_goes():
+    from trainguard.diagnosis.render import render
+    from trainguard.diagnosis.verdict import build_diagnosis, timed_out
+    from trainguard.records import GpuSample, LogMatch
+
+    line = "wandb: ERROR api_key=0123456789abcdef0123 rejected (https://u:pw-s3cret@api.example.com/x)"
+    logs = [LogMatch("/data/train.log", line, "ERROR", T0)]
+    gpu = GpuSample(0, "GPU-x", "H100", T0, memory_used_bytes=70 * GiB, memory_total_bytes=80 * GiB)
+    for d in (build_diagnosis(gpu, [], logs), timed_out(gpu, (), logs, 5.0)):
+        shown = json.dumps(d.to_dict()) + render(d, "en") + render(d, "zh")
+        assert "0123456789abcdef0123" not in shown and "pw-s3cret" not in shown, shown
+        assert "api.example.com/x" in d.verdict and "日志：wandb: ERROR" in render(d, "zh")

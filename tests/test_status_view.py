@@ -132,3 +132,21 @@ language = "zh"
         with urllib.request.urlopen(daemon.metrics_url(), timeout=5) as response:
             assert b"trainguard_filesystem_avail_bytes" in response.read()
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 5000
+
+
+def test_status_says_the_stall_verdict_from_the_facts_in_chinese():
+    from tests.test_notify_phone import STALL_FACTS, VERDICT
+
+    gpu = {"index": 3, "name": "H100", "util_ratio": 0.0, "memory_used_bytes": 78 * 2**30,
+           "memory_total_bytes": 80 * 2**30, "temperature_c": 40.0, "power_w": 90.0, "processes": [],
+           "state": "stalled", "verdict": VERDICT, "diagnosis": {"verdict": VERDICT, "facts": STALL_FACTS}}
+    doc = {"host": "gpu3", "generated_at": "2027-01-15T08:00:00+00:00", "daemon_state": True, "findings": [],
+           "alerts": [], "gpus": [gpu], "gpu_status": None, "cleanup": [], "outbox": None, "filesystems": [],
+           "daemon": {"running": True, "pid": 812, "state_dir": "/var/lib/trainguard", "last_cycle_age_seconds": 8,
+                      "last_cycle_at": "2027-01-15T07:59:52+00:00", "status": ""}}
+    zh = render_text(doc, "zh")
+    assert "在写入 /mnt/juicefs/team/runs/llama-70b/events.out.tfevents" in zh and "挂载点 /mnt/juicefs" in zh
+    assert "blocked writing" not in zh
+    assert VERDICT in render_text(doc, "en")
+    old = {**gpu, "diagnosis": {"verdict": VERDICT}}  # a heartbeat from before the facts: the English line
+    assert VERDICT in render_text({**doc, "gpus": [old]}, "zh")

@@ -185,7 +185,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"gpus": [d.to_dict() for d in results], "reason": None}, indent=2))
     else:
-        print("\n\n".join(diagnosis.render(d) for d in results))
+        print("\n\n".join(diagnosis.render(d, cfg.notify.language) for d in results))
     return EXIT_OK
 
 

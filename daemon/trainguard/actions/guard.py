@@ -34,14 +34,15 @@ class Root:
         return self.opened.path
 
 
-def write_blocked(o: OpenedRoot) -> str:
-    """Why this process cannot delete below the root ('' when it can): a read-only mount (the
-    systemd unit's ProtectSystem=/ProtectHome= make one), or no write permission."""
+def write_blocked(o: OpenedRoot) -> tuple[str, str]:
+    """Why this process cannot delete below the root: ("read-only" or "permission", the reason), or
+    ("", "") when it can. A read-only mount (the systemd unit's ProtectSystem=/ProtectHome= make one),
+    or no write permission."""
     if os.fstatvfs(o.fd).f_flag & os.ST_RDONLY:
-        return f"{o.path} is read-only for trainguard (mounted read-only here)"
+        return "read-only", f"{o.path} is read-only for trainguard (mounted read-only here)"
     if not os.access(o.path, os.W_OK | os.X_OK):
-        return f"{o.path} is not writable for trainguard (uid {os.geteuid()})"
-    return ""
+        return "permission", f"{o.path} is not writable for trainguard (uid {os.geteuid()})"
+    return "", ""
 
 
 def open_root(path: str, homes: frozenset[str] | None, proc_root: str, tally: Tally,
@@ -52,9 +53,9 @@ def open_root(path: str, homes: frozenset[str] | None, proc_root: str, tally: Ta
     except UnsafeRoot as exc:
         tally.skip("unsafe-root", path, str(exc))
         return None, str(exc)
-    why = write_blocked(o)
+    blocked, why = write_blocked(o)
     if why:
-        tally.blocked.append(why)
+        tally.block(o.path, blocked, why)
         if not dry_run:  # a dry run still shows what would go
             os.close(o.fd)
             tally.skip("read-only", path, why)

@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 
 POLICY = "guard"  # the audit log's policy column for what the guard did
 STALE_AFTER = 86400.0  # events older than this (spooled while no daemon ran) are audited, not alerted
+# The alert kinds the events become, f"guard.{event.kind}" (declared for the renderer check, docs/i18n.md).
+FINDING_KINDS = ("guard.wont-fit", "guard.stopped", "guard.fallback")
 _SEVERITY = {"wont-fit": Severity.CRITICAL, "stopped": Severity.CRITICAL, "fallback": Severity.WARNING}
 _HINTS = {
     "wont-fit": "free space on that filesystem (trainguard cleanup --dry-run shows what cleanup would take), "

@@ -72,6 +72,7 @@ class CleanupReport:
     planned_bytes: int = 0
     dirs_removed: int = 0
     blocked: tuple[str, ...] = ()  # roots this policy cannot delete in, with the reason
+    blocked_paths: tuple[tuple[str, str], ...] = ()  # the same as facts: (path, "read-only" or "permission")
     top_dirs: tuple[tuple[str, int, int], ...] = ()  # (directory, bytes, files), most bytes first
     holders: tuple[str, ...] = ()  # "PID 812 (python train.py)" for entries skipped as open
 
@@ -93,6 +94,7 @@ class Tally:
         self.on_item = on_item
         self._logged: dict[str, int] = {}
         self.blocked: list[str] = []
+        self.blocked_paths: list[tuple[str, str]] = []
         self.holders: dict[int, str] = {}
         self.top: dict[str, list[int]] = {}
 
@@ -110,8 +112,13 @@ class Tally:
     def skip_error(self, path: str, exc: OSError, classify: Callable[[OSError], str]) -> None:
         reason = classify(exc)
         if reason in ("read-only", "permission") and len(self.blocked) < 5:
-            self.blocked.append(f"{printable(path)}: {exc.strerror}")
+            self.block(printable(path), reason, f"{printable(path)}: {exc.strerror}")
         self.skip(reason, path, exc.strerror or "")
+
+    def block(self, path: str, kind: str, why: str) -> None:
+        """This run cannot delete at path: kind is "read-only" or "permission", why says it in words."""
+        self.blocked.append(why)
+        self.blocked_paths.append((path, kind))
 
     def skip_open(self, path: str, pid: int | None, describe: Callable[[int], str]) -> None:
         if pid is not None and pid not in self.holders and len(self.holders) < 5:
@@ -213,6 +220,10 @@ def findings_for(report: CleanupReport) -> list[Finding]:
         ],
         "trigger": report.trigger,
         "skipped": dict(report.skipped),
+        "blocked": list(report.blocked),
+        "blocked_paths": [{"path": p, "why": kind} for p, kind in report.blocked_paths],
+        "planned_files": report.planned_files,
+        "planned_bytes": report.planned_bytes,
     }
     labels = {"policy": report.policy}
     out = [_blocked_finding(report, details, labels)] if report.blocked else []

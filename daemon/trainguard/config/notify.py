@@ -36,7 +36,7 @@ class NotifyTarget(Strict):
 
 class Notify(Strict):
     targets: list[NotifyTarget] = []
-    # The language of alerts, test alerts and `status` ("en", "zh"); a target may set its own.
+    # The language of alerts, test alerts, `status` and `diagnose` ("en", "zh"); a target may set its own.
     language: Literal["en", "zh"] = "en"
     # Wait this long after a new alert before sending, to batch others of the same cycle (0: send at once).
     group_wait: Duration = 0.0

@@ -88,7 +88,7 @@ def detect(inp) -> list[Finding]:
                      f"(~{format_bytes(r.nbytes)}) will not fit {when}; {format_bytes(max(free_then, 0))} "
                      f"free then"),
             details={"mountpoint": mp, "checkpoint_bytes": round(r.nbytes), "needed_bytes": round(need),
-                     "avail_bytes": usage.avail_bytes, "avail_at_next_bytes": round(free_then),
+                     "avail_bytes": usage.avail_bytes, "used_ratio": round(usage.used_ratio, 4), "avail_at_next_bytes": round(free_then),
                      "next_write_ts": round(next_at) if next_at is not None else None,
                      "next_write_in_seconds": round(next_at - inp.now) if next_at is not None else None,
                      "every_seconds": round(r.every) if r.every else None,

@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable, Sequence
 from trainguard.config import Gpu as GpuConfig
 from trainguard.config import LogWatch
 from trainguard.records import Finding, GpuSample, LogMatch, Severity, Snapshot
+from trainguard.redact import scrub
 from trainguard.units import format_bytes, format_duration
 
 Points = Callable[[str, float], Sequence[tuple[float, float]]]
@@ -238,9 +239,9 @@ def detect_log_matches(logs: Iterable[LogWatch], snapshot: Snapshot) -> list[Fin
         findings.append(Finding(
             key=log_match_key(path, pattern),
             severity=severity,
-            summary=f"{path}: {last.line.strip()[:200]}",
+            summary=f"{path}: {scrub(last.line.strip()[:200])}",  # a watched line may carry a token
             details={"file": path, "pattern": pattern, "count": len(matches),
-                     "lines": [{"line": m.line[:500], "pattern": m.pattern, "ts": m.ts} for m in matches[-10:]]},
+                     "lines": [{"line": scrub(m.line[:500]), "pattern": m.pattern, "ts": m.ts} for m in matches[-10:]]},
             labels={"file": path, "pattern": pattern},
             value=float(len(matches)),
             hint=_log_hint(pattern),

@@ -92,6 +92,8 @@ class Diagnosis:
     remedy: str
     attribution: str = "nvml"  # nvml / inferred / none
     timed_out: bool = False  # the enrichment did not finish within its deadline: this is what was known
+    # The verdict as facts (case, process, file, mount, ...): what diagnosis.words renders in a language.
+    facts: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(dataclasses.asdict(self), default=str))

@@ -1,20 +1,22 @@
-"""From the process views to one verdict line and the remedy (pure)."""
+"""From the process views to the verdict's facts, and its line and remedy in English (pure).
+
+The facts (Diagnosis.facts) are what alerts and `trainguard diagnose` render in the reader's
+language (diagnosis.words)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from trainguard.diagnosis.model import CATEGORY_RANK, Diagnosis, FileView, ProcessView, ThreadView, file_category
+from trainguard.diagnosis.words import mirror_text, remedy_text, remote_remedy, verdict_text, who_text
+from trainguard.i18n import tr
 from trainguard.records import FsSample, GpuSample, LogMatch
-from trainguard.units import format_duration
+from trainguard.redact import scrub
 
-_VERBS = {"write": "writing", "pwrite64": "writing", "writev": "writing", "pwritev": "writing",
-          "read": "reading", "pread64": "reading", "readv": "reading", "preadv": "reading",
-          "fsync": "syncing", "fdatasync": "syncing", "close": "closing", "ftruncate": "truncating",
-          "fstat": "stat-ing", "fstatfs": "statfs-ing", "fallocate": "allocating", "statfs": "statfs-ing",
-          "openat": "opening a file", "open": "opening a file", "newfstatat": "stat-ing", "statx": "stat-ing"}
-MIRROR = "mirror it to the share with trainguard's [[mirror]]"
+EN = tr("en")
+MIRROR = mirror_text(EN)
 MIRROR_HINT = f"write locally and {MIRROR}"
 
 
@@ -24,12 +26,18 @@ def short_command(cmdline: str, limit: int = 48) -> str:
     return " ".join(words)[:limit]
 
 
-def who(v: ProcessView, t: ThreadView | None = None) -> str:
-    text = v.label.replace(" (inferred", f" [{short_command(v.cmdline)}] (inferred", 1) if v.inferred_from \
-        else f"{v.label} [{short_command(v.cmdline)}]" if v.cmdline else v.label
+def process_facts(v: ProcessView, t: ThreadView | None = None) -> dict[str, Any]:
+    """Who: the PID (ours for an inferred process, else NVML's), its short command, the evidence and the thread."""
+    out: dict[str, Any] = {"pid": v.pid if v.inferred_from else v.host_pid, "command": short_command(v.cmdline)}
+    if v.inferred_from:
+        out["inferred"] = v.inferred_from.split(";")[0]
     if t is not None:
-        text += f" thread {t.name}" + (f" ({t.os_name})" if t.os_name != t.name else "")
-    return text
+        out.update(thread=t.name, thread_os=t.os_name)
+    return out
+
+
+def who(v: ProcessView, t: ThreadView | None = None) -> str:
+    return who_text(process_facts(v, t), EN)
 
 
 def _file_view(path: str, views: Iterable[ProcessView]) -> FileView | None:
@@ -41,28 +49,15 @@ def _file_view(path: str, views: Iterable[ProcessView]) -> FileView | None:
 
 
 def remedy_for(category: str, kind: str, mount_point: str, unresponsive: bool) -> str:
-    if category == "tfevents":
-        text = ("TensorBoard's event writer is stuck on the shared filesystem: log to local disk "
-                f"(e.g. SummaryWriter('/tmp/runs')) and {MIRROR} (or rsync it in the background); "
-                "if it must stay there, raise flush_secs and lower max_queue")
-    elif category == "checkpoint":
-        text = f"save checkpoints to local disk first and {MIRROR}, so a slow share cannot stall training"
-    else:
-        text = f"move this file off {mount_point} to local disk and {MIRROR}"
-    if unresponsive:
-        text += (f". {mount_point} is not answering: check its {'FUSE daemon' if kind == 'fuse' else 'server/network'}; "
-                 "the job continues by itself if the mount recovers")
-    return text
+    return remote_remedy(category, kind, mount_point, unresponsive, EN)
 
 
-def _on(f: FileView) -> str:
-    text = f" on {f.fstype} at {f.mount_point}"
-    if f.unresponsive_for_s is not None:
-        text += f", mount unresponsive {format_duration(f.unresponsive_for_s)}"
-    return text
+def _remote(f: FileView) -> dict[str, Any]:
+    return {"file": f.path, "fstype": f.fstype, "mount": f.mount_point, "kind": f.kind, "category": f.category,
+            "unresponsive_s": f.unresponsive_for_s}
 
 
-def _blocked_on_file(views: Sequence[ProcessView]) -> tuple[str, str] | None:
+def _blocked_on_file(views: Sequence[ProcessView]) -> dict[str, Any] | None:
     """1. a thread blocked in a syscall on a file we can name."""
     candidates = []
     for v in views:
@@ -74,55 +69,57 @@ def _blocked_on_file(views: Sequence[ProcessView]) -> tuple[str, str] | None:
         return None
     candidates.sort(key=lambda c: (c[0], c[1]))
     _, _, v, t, f = candidates[0]
-    verb = _VERBS.get(t.syscall, f"in {t.syscall}() on")
-    text = f"{who(v, t)} blocked {verb} {t.file}"
+    facts = {"case": "blocked_on_file", "process": process_facts(v, t), "syscall": t.syscall}
     if f is not None:
-        return text + _on(f), remedy_for(f.category, f.kind, f.mount_point, f.unresponsive_for_s is not None)
-    where = f" at {t.mount_point}" if t.mount_point else ""
-    return (text + f" (local disk{where})",
-            "check that disk's health and load (iostat -x); the write is not progressing")
+        return {**facts, **_remote(f), "file": t.file}
+    return {**facts, "file": t.file, "mount": t.mount_point}
 
 
-def _blocked_without_file(views: Sequence[ProcessView]) -> tuple[str, str] | None:
+def _blocked_without_file(views: Sequence[ProcessView]) -> dict[str, Any] | None:
     """2. a thread in a filesystem wait, and the process has files on a network/FUSE mount."""
     for v in views:
         for t in v.blocked_threads:
             if v.remote_files:
-                f = v.remote_files[0]
-                text = f"{who(v, t)} blocked in {t.wchan or t.state} (filesystem wait); it has {f.path} open{_on(f)}"
-                return text, remedy_for(f.category, f.kind, f.mount_point, f.unresponsive_for_s is not None)
+                return {"case": "blocked_with_remote_file", "process": process_facts(v, t),
+                        "wait": t.wchan or t.state, **_remote(v.remote_files[0])}
     for v in views:
         for t in v.blocked_threads:
-            return (f"{who(v, t)} blocked in {t.wchan or 'uninterruptible I/O'} ({t.state} state)",
-                    "find the file it waits on (ls -l /proc/PID/fd, cat /proc/PID/task/TID/stack) and the mount under it")
+            return {"case": "blocked", "process": process_facts(v, t), "wait": t.wchan, "state": t.state}
     return None
 
 
-def verdict_and_remedy(views: Sequence[ProcessView], log_lines: Sequence[LogMatch]) -> tuple[str, str]:
+def _scrubbed(log_lines: Sequence[LogMatch]) -> tuple[LogMatch, ...]:
+    """The last ten log lines as the diagnosis keeps them (it goes out in the alert's JSON): no credentials."""
+    return tuple(dataclasses.replace(m, line=scrub(m.line)) for m in log_lines[-10:])
+
+
+def _log_line(log_lines: Sequence[LogMatch], limit: int) -> str:
+    """The newest matching log line, short and without credentials."""
+    return scrub(log_lines[-1].line.strip()[:limit]) if log_lines else ""
+
+
+def verdict_facts(views: Sequence[ProcessView], log_lines: Sequence[LogMatch]) -> dict[str, Any]:
+    """What the GPU's processes are stuck on, as facts (words.verdict_text says it in a language)."""
     found = _blocked_on_file(views) or _blocked_without_file(views)
     if found is not None:
         return found
     unresolved = [v for v in views if not v.resolved]
-    log_part = f"; log: {log_lines[-1].line.strip()[:160]}" if log_lines else ""
+    log = {"log": _log_line(log_lines, 160)} if log_lines else {}
     if not views:
-        return ("no process on this GPU that trainguard can see: NVML reported none, and no process here holds "
-                "an NVIDIA device" + log_part,
-                "run trainguard in the trainer's container (or with the host PID namespace) to attribute the stall")
+        return {"case": "no_process", **log}
     if len(unresolved) == len(views):
-        return ("cannot inspect the GPU's processes: " + unresolved[0].note
-                + "; no process in this PID namespace holds an NVIDIA device" + log_part,
-                "run trainguard in the host PID namespace (container: pid: host) or in the trainer's container "
-                "to attribute the stall")
+        return {"case": "not_inspectable", "why": unresolved[0].note, **log}
     moving = [v for v in views if v.io_moved]
     if moving:
-        return (f"no thread blocked on I/O; {who(moving[0])} is still reading/writing (I/O counters moved)"
-                + log_part, "it may be loading data or saving slowly: check the data loader and the storage throughput")
+        return {"case": "io_moving", "process": process_facts(moving[0]), **log}
     if log_lines:
-        return (f"no thread blocked on I/O; log: {log_lines[-1].line.strip()[:200]}",
-                "the training loop likely died or waits after this error: check the log and restart the job")
-    return ("no thread blocked on I/O and no I/O progress",
-            "dump the Python stacks (py-spy dump --pid PID) to see what it waits on: a data loader, an NCCL "
-            "collective waiting for another rank, or a lock")
+        return {"case": "log_error", "log": _log_line(log_lines, 200)}
+    return {"case": "idle"}
+
+
+def verdict_and_remedy(views: Sequence[ProcessView], log_lines: Sequence[LogMatch]) -> tuple[str, str]:
+    facts = verdict_facts(views, log_lines)
+    return verdict_text(facts, EN), remedy_text(facts, EN)
 
 
 def attribution_of(views: Sequence[ProcessView]) -> str:
@@ -133,9 +130,10 @@ def attribution_of(views: Sequence[ProcessView]) -> str:
 
 def build_diagnosis(gpu: GpuSample, views: Sequence[ProcessView], log_lines: Sequence[LogMatch],
                     util_recent: Sequence[float] = (), stalled_for_s: float | None = None) -> Diagnosis:
-    verdict, remedy = verdict_and_remedy(views, log_lines)
+    facts = verdict_facts(views, log_lines)
     return Diagnosis(gpu.index, gpu.name, gpu.memory_used_bytes, gpu.memory_total_bytes, tuple(util_recent),
-                     stalled_for_s, tuple(views), tuple(log_lines[-10:]), verdict, remedy, attribution_of(views))
+                     stalled_for_s, tuple(views), _scrubbed(log_lines), verdict_text(facts, EN),
+                     remedy_text(facts, EN), attribution_of(views), facts=facts)
 
 
 def timed_out(gpu: GpuSample, probes: Sequence[FsSample], log_lines: Sequence[LogMatch], deadline: float,
@@ -143,14 +141,10 @@ def timed_out(gpu: GpuSample, probes: Sequence[FsSample], log_lines: Sequence[Lo
     """What is known without /proc when the diagnosis did not finish in time: NVML's view, stuck mounts, logs."""
     views = tuple(ProcessView(p.host_pid, p.pid, False, p.note or "not inspected in time", p.name, None,
                               p.state or "?", p.used_memory_bytes, (), 0, None, {}, ()) for p in gpu.processes)
-    stuck = [s.mount.mount_point for s in probes if not s.responsive]
-    text = (f"diagnosis timed out after {format_duration(deadline)} "
-            "(reading /proc or py-spy is slow; it goes on in the background)")
-    if stuck:
-        text += f"; unresponsive mount{'s' if len(stuck) > 1 else ''}: {', '.join(stuck[:4])}"
+    facts = {"case": "timed_out", "deadline_s": deadline,
+             "unresponsive_mounts": [s.mount.mount_point for s in probes if not s.responsive]}
     if log_lines:
-        text += f"; log: {log_lines[-1].line.strip()[:160]}"
+        facts["log"] = _log_line(log_lines, 160)
     return Diagnosis(gpu.index, gpu.name, gpu.memory_used_bytes, gpu.memory_total_bytes, tuple(util_recent),
-                     stalled_for_s, views, tuple(log_lines[-10:]), text,
-                     "the alert is sent again with the full diagnosis once it is in; or run `trainguard diagnose`",
-                     "none", True)
+                     stalled_for_s, views, _scrubbed(log_lines), verdict_text(facts, EN), remedy_text(facts, EN),
+                     "none", True, facts)

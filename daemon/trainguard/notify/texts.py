@@ -178,13 +178,17 @@ def _disk_saturated(f: Finding, _: Gettext) -> Texts:
 
 @renders("cleanup.guard")
 def _cleanup_guard(f: Finding, _: Gettext) -> Texts:
-    policy = f.labels["policy"]
-    reason = f.summary.split(": ", 1)[1] if ": " in f.summary else ""
+    policy, d = f.labels["policy"], f.details
+    if d.get("planned_files") is not None:
+        why = _("It would delete {files} files ({size}), more than this policy's max_delete allows.").format(
+            files=d["planned_files"], size=format_bytes(d.get("planned_bytes") or 0))
+    else:  # a finding from before the facts were kept: the guard's own words
+        why = f.summary.split(": ", 1)[1] if ": " in f.summary else ""
     return Texts(
         fact=_("cleanup {policy} stopped").format(policy=policy),
         subject=_("cleanup {policy}").format(policy=policy),
         what=_("Cleanup {policy} stopped before deleting anything.").format(policy=policy),
-        why=reason,
+        why=why,
         step=_("Check it with: trainguard cleanup --dry-run --policy {policy}; if the list is right, "
                "raise max_delete for this policy.").format(policy=policy))
 
@@ -213,4 +217,4 @@ def _test_alert(f: Finding, _: Gettext) -> Texts:
         step=_("Nothing to do; real alerts look like this one."))
 
 
-from trainguard.notify import texts_gpu  # noqa: E402,F401  (registers the GPU and log renderers)
+from trainguard.notify import texts_gpu, texts_ops  # noqa: E402,F401  (register the GPU, log and ops renderers)

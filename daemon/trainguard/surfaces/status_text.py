@@ -89,12 +89,22 @@ def _gpus(doc: dict[str, Any], _: Gettext) -> list[str]:
                          f"{g['power_w']:.0f} W" if g["power_w"] is not None else "-",
                          str(len(g["processes"])), _state(g["state"], _)])
         out += ["", _table(rows)]
-        out += [_("  GPU {gpu} stall: {verdict}").format(gpu=g["index"], verdict=g["verdict"])
+        out += [_("  GPU {gpu} stall: {verdict}").format(gpu=g["index"], verdict=_verdict(g, _))
                 for g in doc["gpus"] if g["verdict"]]
     gst = doc.get("gpu_status")
     if gst and gst["state"] not in ("ok",):
         out += ["", _("GPU: {message}").format(message=gst["message"] or gst["state"])]
     return out
+
+
+def _verdict(g: dict[str, Any], _: Gettext) -> str:
+    """The stall verdict said from the diagnosis facts in the reader's language (the English line without them)."""
+    facts = (g.get("diagnosis") or {}).get("facts")
+    if not facts:
+        return g["verdict"]
+    from trainguard.diagnosis.words import verdict_text
+
+    return verdict_text(facts, _)
 
 
 def _what(f: dict[str, Any], _: Gettext) -> Texts:
