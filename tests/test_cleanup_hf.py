@@ -88,3 +88,13 @@ def test_the_layout_read_agrees_with_huggingface_hub(tmp_path):
     runner(tmp_path, 0).run(policy(type="huggingface-cache", roots=[str(hub)], older_than="7d", grace="0s"))
     left = {p.name for p in (repo / "snapshots").iterdir()}
     assert left == {r.commit_hash for r in hf.revisions} - detached_by_hub
+
+
+def test_a_recent_detached_revision_stays_until_space_is_needed(tmp_path):
+    hub = tmp_path / "hub"
+    repo = hf_repo(hub, "models--org--pinned", recent_days=0.5, old_days=2)  # bbbb used two days ago
+    runner(tmp_path, 0).run(policy(type="huggingface-cache", roots=[str(hub)], older_than="7d", grace="0s"))
+    assert "snapshots/bbbb" in names(repo)  # maybe pinned by commit hash: not old enough
+    runner(tmp_path, 0).run(policy(type="huggingface-cache", roots=[str(hub)], max_size="12KiB", grace="0s"))
+    assert "snapshots/bbbb" not in names(repo) and "blobs/w_old" not in names(repo)
+    assert "snapshots/aaaa" in names(repo)  # the detached revision went first, the repo fits now
