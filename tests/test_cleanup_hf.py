@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_cleanup import DAY, holder, names, policy, runner
+from tests.test_cleanup import DAY, holder, make, names, policy, runner
 
 
 def blob(repo: Path, name: str, size: int, used_days_ago: float) -> Path:
@@ -98,3 +98,16 @@ def test_a_recent_detached_revision_stays_until_space_is_needed(tmp_path):
     runner(tmp_path, 0).run(policy(type="huggingface-cache", roots=[str(hub)], max_size="12KiB", grace="0s"))
     assert "snapshots/bbbb" not in names(repo) and "blobs/w_old" not in names(repo)
     assert "snapshots/aaaa" in names(repo)  # the detached revision went first, the repo fits now
+
+
+def test_the_datasets_cache_goes_a_dataset_at_a_time(tmp_path):
+    cache = tmp_path / "hf" / "datasets"
+    for name, age in (("glue", 40), ("imdb", 1)):
+        for rel in ("default/0.0.0/abc/train.arrow", "default/0.0.0/abc/dataset_info.json"):
+            make(cache / name / rel, 4096, age=age * DAY)
+    make(cache / "downloads" / "f00d", 4096, age=30 * DAY)
+    env = {"HF_DATASETS_CACHE": str(cache), "HOME": str(tmp_path)}
+    pol = policy(type="huggingface-datasets-cache", older_than="7d", all_users=False, grace="0s")
+    report = runner(tmp_path, 0, environ=env).run(pol)
+    assert {p.name for p in cache.iterdir()} == {"imdb"}
+    assert (cache / "imdb" / "default/0.0.0/abc/train.arrow").exists() and report.files == 3
