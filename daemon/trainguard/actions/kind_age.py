@@ -214,7 +214,7 @@ class _Pass1:
         except OSError as exc:
             ctx.skip_error(path, exc)
             return
-        ctx.went(self.root, path, nbytes, 1, self.reason, age)
+        ctx.went(self.root, path, (nbytes, 1), self.reason, age)
 
 
 def _mark(marks: bytearray | None, pos: int) -> bytearray:

@@ -222,7 +222,7 @@ def _delete_revision(ctx: Ctx, root: Root, rev: Detached) -> None:
                 unittree.remove_tree_at(snaps, rev.commit, o.dev, st.st_ino)
         finally:
             os.close(snaps)
-        ctx.went(root, path, 0, 1, reason, ctx.now - rev.last_use, True)
+        ctx.went(root, path, (0, 1), reason, ctx.now - rev.last_use, True)
         _delete_blobs(ctx, root, repo_fd, rev, reason)
     except OSError as exc:
         ctx.skip_error(path, exc)
@@ -252,7 +252,7 @@ def _delete_blobs(ctx: Ctx, root: Root, repo_fd: int, rev: Detached, reason: str
                     continue
                 if not ctx.dry_run:
                     os.unlink(name, dir_fd=blobs_fd)
-                ctx.went(root, path, nbytes, 1, reason, ctx.now - rev.last_use)
+                ctx.went(root, path, (nbytes, 1), reason, ctx.now - rev.last_use)
             except OSError as exc:
                 ctx.skip_error(path, exc)
     finally:
