@@ -117,3 +117,13 @@ def test_one_pass_removes_directories_it_emptied(tmp_path):
         os.utime(root / d, (time.time() - 10 * DAY,) * 2)
     report = runner(tmp_path, 5 * DAY).run(policy(roots=[str(root)], **ONE_PASS))  # ctimes: 5 days old
     assert names(root) == {"kept", "kept/new.dat"} and report.dirs_removed == 1
+
+
+def test_a_dry_run_names_the_top_directories_too(tmp_path):
+    root = tmp_path / "scratch"
+    for i in range(6):
+        make(root / "big" / f"f{i}.dat", 8192)
+    make(root / "small" / "f.dat", 1024)
+    dry = runner(tmp_path, DAY).run(policy(roots=[str(root)], type="age", age_by=["mtime"]), dry_run=True)
+    assert dry.files == 7 and dry.top_dirs[0][0] == str(root / "big") and dry.top_dirs[0][2] == 6
+    assert names(root) >= {"big/f0.dat", "small/f.dat"}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_cleanup import DAY, holder, names, policy, runner
+from tests.test_cleanup import DAY, holder, make, names, policy, runner
 
 
 def blob(repo: Path, name: str, size: int, used_days_ago: float) -> Path:
@@ -88,3 +88,26 @@ def test_the_layout_read_agrees_with_huggingface_hub(tmp_path):
     runner(tmp_path, 0).run(policy(type="huggingface-cache", roots=[str(hub)], older_than="7d", grace="0s"))
     left = {p.name for p in (repo / "snapshots").iterdir()}
     assert left == {r.commit_hash for r in hf.revisions} - detached_by_hub
+
+
+def test_a_recent_detached_revision_stays_until_space_is_needed(tmp_path):
+    hub = tmp_path / "hub"
+    repo = hf_repo(hub, "models--org--pinned", recent_days=0.5, old_days=2)  # bbbb used two days ago
+    runner(tmp_path, 0).run(policy(type="huggingface-cache", roots=[str(hub)], older_than="7d", grace="0s"))
+    assert "snapshots/bbbb" in names(repo)  # maybe pinned by commit hash: not old enough
+    runner(tmp_path, 0).run(policy(type="huggingface-cache", roots=[str(hub)], max_size="12KiB", grace="0s"))
+    assert "snapshots/bbbb" not in names(repo) and "blobs/w_old" not in names(repo)
+    assert "snapshots/aaaa" in names(repo)  # the detached revision went first, the repo fits now
+
+
+def test_the_datasets_cache_goes_a_dataset_at_a_time(tmp_path):
+    cache = tmp_path / "hf" / "datasets"
+    for name, age in (("glue", 40), ("imdb", 1)):
+        for rel in ("default/0.0.0/abc/train.arrow", "default/0.0.0/abc/dataset_info.json"):
+            make(cache / name / rel, 4096, age=age * DAY)
+    make(cache / "downloads" / "f00d", 4096, age=30 * DAY)
+    env = {"HF_DATASETS_CACHE": str(cache), "HOME": str(tmp_path)}
+    pol = policy(type="huggingface-datasets-cache", older_than="7d", all_users=False, grace="0s")
+    report = runner(tmp_path, 0, environ=env).run(pol)
+    assert {p.name for p in cache.iterdir()} == {"imdb"}
+    assert (cache / "imdb" / "default/0.0.0/abc/train.arrow").exists() and report.files == 3

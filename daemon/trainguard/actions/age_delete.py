@@ -128,7 +128,7 @@ class _Pass2:
             return True
         if self.held(fd, name, st, is_unit, path) or not self.delete(fd, name, st, is_unit, relpath):
             return False
-        self.ctx.went(self.root, path, nbytes, files, self.cap_reason if by_cap else self.reason, age, is_unit)
+        self.ctx.went(self.root, path, (nbytes, files), self.cap_reason if by_cap else self.reason, age, is_unit)
         self.freed += nbytes
         if by_cap:
             self.cap_left -= nbytes

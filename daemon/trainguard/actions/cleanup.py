@@ -54,6 +54,7 @@ KINDS: dict[str, Kind] = {
     "age": _AGE,
     "pip-cache": _AGE,
     "huggingface-cache": HfKind(),
+    "huggingface-datasets-cache": _AGE,
     "torch-cache": _AGE,
     "conda-cache": _AGE,
 }

@@ -135,6 +135,7 @@ class _Pass1:
         fd, prefix, pos, marks, order = lst.fd, lst.prefix, lst.pos, lst.marks, lst.order
         dry = self.ctx.dry_run
         open_keys = self.ctx.tools.open_files.keys()  # a dry run's count checks open files too
+        expired_before = (plan.expired_files, plan.expired_bytes)
         try:
             for dirent in lst.entries:
                 pos += 1
@@ -183,6 +184,9 @@ class _Pass1:
                         marks = _mark(marks, pos)
         finally:
             lst.pos, lst.marks, lst.order = pos, marks, order
+            if dry and not marking and plan.expired_files > expired_before[0]:  # a counting dry run's top dirs
+                self.ctx.tally.top_add(self.prefix + lst.path if lst.path else self.root.path,
+                                       plan.expired_bytes - expired_before[1], plan.expired_files - expired_before[0])
 
     def held(self, fd: int, name: str, relpath: str, st, is_unit: bool) -> bool:
         of = self.ctx.tools.open_files
@@ -210,7 +214,7 @@ class _Pass1:
         except OSError as exc:
             ctx.skip_error(path, exc)
             return
-        ctx.went(self.root, path, nbytes, 1, self.reason, age)
+        ctx.went(self.root, path, (nbytes, 1), self.reason, age)
 
 
 def _mark(marks: bytearray | None, pos: int) -> bytearray:

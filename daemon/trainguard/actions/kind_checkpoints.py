@@ -125,7 +125,7 @@ def _delete_one(ctx: Ctx, root: Root, cand: sel.Candidate) -> int:
                 unittree.remove_tree_at(pfd, name, o.dev, cand.ino)
             else:
                 os.unlink(name, dir_fd=pfd)
-        ctx.went(root, path, sized[0], sized[1], cand.reason, now - cand.age_ts, cand.is_unit)
+        ctx.went(root, path, sized, cand.reason, now - cand.age_ts, cand.is_unit)
         return sized[0]
     except OSError as exc:
         ctx.skip_error(path, exc)

@@ -39,24 +39,32 @@ class HfKind:
         self.repos = AgeKind()
 
     def plan(self, ctx: Ctx, root: Root, need: int | None) -> Planned:
-        detached = [d for d in _detached(ctx, root) if _due(ctx, d, need)]
         repos = self.repos.plan(ctx, root, need)
+        if repos.note:  # a held lock: leave the whole cache alone
+            return repos
+        pressure = need is not None or repos.data.cap_need > 0  # a watermark run, or over max_size
+        detached = [d for d in _detached(ctx, root) if _due(ctx, d, pressure)]
         files = sum(1 + len(d.blobs) for d in detached)
         return Planned(repos.files + files, repos.bytes + sum(d.bytes for d in detached), repos.note,
                        (detached, repos))
 
     def execute(self, ctx: Ctx, root: Root, planned: Planned, need: int | None) -> None:
+        if planned.note:
+            return
         detached, repos = planned.data
+        before = ctx.tally.bytes
         for rev in detached:
             _delete_revision(ctx, root, rev)
-        if not repos.note:
-            self.repos.execute(ctx, root, repos, need)
+        # What the detached revisions freed counts against the size cap before any repo goes.
+        repos.data.cap_need = max(0, repos.data.cap_need - (ctx.tally.bytes - before))
+        self.repos.execute(ctx, root, repos, need)
 
 
-def _due(ctx: Ctx, rev: Detached, need: int | None) -> bool:
+def _due(ctx: Ctx, rev: Detached, pressure: bool) -> bool:
+    """A detached revision may still be used (pinned by commit hash): it goes when unused for
+    older_than, or first of all when space must be freed."""
     older_than = ctx.policy.older_than
-    return need is not None or ctx.policy.max_size is not None or older_than is None \
-        or ctx.now - rev.last_use >= older_than
+    return pressure or (older_than is not None and ctx.now - rev.last_use >= older_than)
 
 
 def _detached(ctx: Ctx, root: Root):
@@ -214,7 +222,7 @@ def _delete_revision(ctx: Ctx, root: Root, rev: Detached) -> None:
                 unittree.remove_tree_at(snaps, rev.commit, o.dev, st.st_ino)
         finally:
             os.close(snaps)
-        ctx.went(root, path, 0, 1, reason, ctx.now - rev.last_use, True)
+        ctx.went(root, path, (0, 1), reason, ctx.now - rev.last_use, True)
         _delete_blobs(ctx, root, repo_fd, rev, reason)
     except OSError as exc:
         ctx.skip_error(path, exc)
@@ -244,7 +252,7 @@ def _delete_blobs(ctx: Ctx, root: Root, repo_fd: int, rev: Detached, reason: str
                     continue
                 if not ctx.dry_run:
                     os.unlink(name, dir_fd=blobs_fd)
-                ctx.went(root, path, nbytes, 1, reason, ctx.now - rev.last_use)
+                ctx.went(root, path, (nbytes, 1), reason, ctx.now - rev.last_use)
             except OSError as exc:
                 ctx.skip_error(path, exc)
     finally:

@@ -53,9 +53,10 @@ class Ctx:
         of = self.tools.open_files
         self.tally.skip_open(path, of.holder(inodes), of.describe)
 
-    def went(self, root: Root, path: str, nbytes: int, files: int, reason: str, age: float,
+    def went(self, root: Root, path: str, size: tuple[int, int], reason: str, age: float,
              unit: bool = False) -> None:
-        """An entry deleted (or, in a dry run, that would be): audit it and count it."""
+        """An entry deleted (or, in a dry run, that would be), size = (bytes, files): audit it, count it."""
+        nbytes, files = size
         if not self.dry_run and self.tools.audit is not None:
             self.tools.audit.record(self.policy.name, root.mount, path, nbytes, files, reason)
         self.tally.deleted(path, nbytes, files, reason, age, unit)

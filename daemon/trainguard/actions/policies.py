@@ -4,7 +4,7 @@
   grouped per run directory, kept by step number or mtime (keep_last, keep_every,
   older_than); the newest of a group and anything still being written always stay.
 - age: systemd-tmpfiles-like expiry by the newest of atime/mtime/ctime.
-- caches (pip, huggingface, torch hub, conda pkgs): located the way each tool does,
+- caches (pip, huggingface hub and datasets, torch hub, conda pkgs): located the way each tool does,
   expired by age and/or cut down to a size cap; a cache whose lock is held is skipped.
 """
 
@@ -208,6 +208,9 @@ CACHE_KINDS: Mapping[str, CacheKind] = {
     "huggingface-cache": CacheKind(
         ("models--*", "datasets--*", "spaces--*"), (".locks", "version*.txt", "token", "stored_tokens", "*.lock"),
         ("*.lock",)),
+    # datasets: each top-level directory (a dataset's prepared configs and versions; downloads/)
+    # is one unit, so a dataset never loses some of its arrow files and keeps the others.
+    "huggingface-datasets-cache": CacheKind(("[!.]*",), ("*.lock", ".locks"), ("*.lock",)),
     "torch-cache": CacheKind(("*_*",), ("trusted_list", "*.lock"), ("*.lock",)),
     "conda-cache": CacheKind(("*-*-*",), ("urls", "urls.txt", "*.lock", ".conda_lock"), ("*.lock", ".conda_lock")),
 }
@@ -237,6 +240,9 @@ def cache_dirs(
             hf_home = env.get("HF_HOME") or os.path.join(xdg(home, env), "huggingface")
             hub = env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE") or os.path.join(hf_home, "hub")
             return [hub, env.get("HF_XET_CACHE") or os.path.join(hf_home, "xet")]
+        if kind == "huggingface-datasets-cache":
+            hf_home = env.get("HF_HOME") or os.path.join(xdg(home, env), "huggingface")
+            return [env.get("HF_DATASETS_CACHE") or os.path.join(hf_home, "datasets")]
         if kind == "torch-cache":
             torch_home = env.get("TORCH_HOME") or os.path.join(xdg(home, env), "torch")
             return [os.path.join(torch_home, "hub")]

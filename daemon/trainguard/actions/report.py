@@ -144,7 +144,10 @@ class Tally:
             self._top(path, nbytes, files)
 
     def _top(self, path: str, nbytes: int, files: int) -> None:
-        parent = path.rstrip("/").rpartition("/")[0]
+        self.top_add(path.rstrip("/").rpartition("/")[0], nbytes, files)
+
+    def top_add(self, parent: str, nbytes: int, files: int) -> None:
+        """Count entries that went (or would go) from the directory parent."""
         slot = self.top.get(parent)
         if slot is None:
             if len(self.top) >= MAX_TOP_DIRS:

@@ -119,6 +119,7 @@ class OpenFiles:
         self.max_age = max_age
         self.clock = clock
         self._keys: dict[tuple[int, int], int] = {}  # (dev, ino) -> a PID holding it
+        self._loose = False  # some key is (_ANY_DEV, ino): see _LOOSE
         self._built_at: float | None = None
         self.unreadable = 0
 
@@ -143,6 +144,7 @@ class OpenFiles:
                 unreadable += 1
             self._add_maps(pid, keys)
         self._keys = keys
+        self._loose = any(dev == _ANY_DEV for dev, _ino in keys)
         self.unreadable = unreadable
         self._built_at = self.clock()
 
@@ -189,7 +191,7 @@ class OpenFiles:
     def keys(self):
         """The (dev, ino) index itself, for a hot loop's first look (then is_open or holder)."""
         self._fresh()
-        return _AnyDevKeys(self._keys)
+        return _AnyDevKeys(self._keys) if self._loose else self._keys
 
     def is_open(self, dev: int, ino: int) -> bool:
         self._fresh()
@@ -225,14 +227,13 @@ class OpenFiles:
 class _AnyDevKeys:
     """`key in` on the index, counting an inode open on a loose-device filesystem as open anywhere."""
 
-    __slots__ = ("_keys", "_loose")
+    __slots__ = ("_keys",)
 
     def __init__(self, keys: dict[tuple[int, int], int]):
         self._keys = keys
-        self._loose = any(dev == _ANY_DEV for dev, _ino in keys)
 
     def __contains__(self, key: tuple[int, int]) -> bool:
-        return key in self._keys or (self._loose and (_ANY_DEV, key[1]) in self._keys)
+        return key in self._keys or (_ANY_DEV, key[1]) in self._keys
 
 
 def _fdinfo(path: str) -> tuple[int | None, int | None]:

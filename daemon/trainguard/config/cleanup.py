@@ -164,7 +164,7 @@ class AgePolicy(_CleanupBase):
 class CachePolicy(_CleanupBase):
     """A tool's download cache, found the way the tool finds it (roots = [] means: locate it)."""
 
-    type: Literal["pip-cache", "huggingface-cache", "torch-cache", "conda-cache"]
+    type: Literal["pip-cache", "huggingface-cache", "huggingface-datasets-cache", "torch-cache", "conda-cache"]
     patterns: list[str] = ["*"]
     older_than: Duration | None = None
     max_size: Bytes | None = None  # above this, oldest entries go until the cache fits
