@@ -184,6 +184,10 @@ def bench_never(seeds: int, hours: float) -> dict:
     return rows
 
 
+def hm(seconds: float) -> str:
+    return f"{int(seconds // H)} h {int(seconds % H // 60):02d} min"
+
+
 def pct(errs) -> str:
     worst = max(errs)
     return f"{statistics.median(errs):5.1f} % / {'never' if math.isinf(worst) else f'{worst:5.1f} %'}"
@@ -199,7 +203,7 @@ def main() -> int:
     print("| filling trace | method | min lead | ETA error at ~6 h (median / worst) | alert episodes |")
     print("| --- | --- | --- | --- | --- |")
     for (name, method), row in bench_filling(args.seeds).items():
-        print(f"| {name} | {method} | {min(row['lead']) / H:.1f} h | {pct(row['err'])} | "
+        print(f"| {name} | {method} | {hm(min(row['lead']))} | {pct(row['err'])} | "
               f"{' '.join(map(str, row['episodes']))} |")
     print(f"\n| never-filling trace ({args.hours:.0f} h each; warm-up 12 h) | method | false alert episodes per seed |")
     print("| --- | --- | --- |")

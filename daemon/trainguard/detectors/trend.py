@@ -215,10 +215,10 @@ def _lows_loss(points: Points, drops: Sequence[Drop], period: float, size: float
     decline = -slope * (lows[-1][0] - lows[0][0])
     scatter = max((abs(v - lows[0][1] - slope * (t - lows[0][0])) for t, v in lows), default=0.0)
     # Checkpoint writes (falls much faster than the gross rate) decide how far past the mark a GC
-    # triggers: lows scattered by one checkpoint are not a decline.
+    # triggers: lows anywhere within one checkpoint below the mark are not a decline.
     writes = [-s.freed for s in jumps(points, size, rising=False)
               if -s.freed > 4 * gross * max(s.ts - points[s.start][0], 1.0)]
-    tolerance = max(size * DROP_FRACTION, 2 * scatter, statistics.median(writes) if writes else 0.0)
+    tolerance = max(size * DROP_FRACTION, 2 * scatter, max(writes, default=0.0))
     return -slope * period if decline > tolerance else 0.0
 
 
@@ -226,6 +226,8 @@ def _cleanup_regime(pts: Points, drops: Sequence[Drop], gross: float, evidence: 
                     now: float) -> Trend:
     latest = pts[-1][1]
     span = pts[-1][0] - pts[0][0]
+    whole = [d for d in drops if d.start > 0]  # not one the window begins in the middle of
+    drops = whole if len(whole) >= 2 else drops
     period = statistics.median(b.ts - a.ts for a, b in zip(drops, drops[1:]))
     freed = statistics.median(d.freed for d in drops)
     lows = [pts[d.start][1] for d in drops]
