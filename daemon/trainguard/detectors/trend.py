@@ -86,12 +86,17 @@ def steps(points: Points, size: float) -> tuple[list[Step], float]:
             while j + 1 < len(diffs) and diffs[j + 1][0] - base * diffs[j + 1][1] < -0.5 * spread - 1.0:
                 j += 1
             first = i
-            while first > 0 and (not found or points[first][0] > found[-1].end) \
+            while first > 0 and (not found or points[first - 1][0] >= found[-1].end) \
                     and diffs[first - 1][0] - base * diffs[first - 1][1] < -0.5 * spread - 1.0:
                 first -= 1  # its first, slower samples
-            fell = points[first][1] - points[j + 1][1] + base * (points[j + 1][0] - points[first][0])
+            # One more sample each side: a write starts and ends between samples, and its partial
+            # first and last changes would otherwise be left to the background.
+            if first > 0 and (not found or points[first - 1][0] >= found[-1].end):
+                first -= 1
+            last = min(j + 2, len(points) - 1)
+            fell = points[first][1] - points[last][1]  # the background's share over a write is small
             if fell >= max(size * DROP_FRACTION, 8 * spread):
-                found.append(Step(points[first][0], points[j + 1][0], fell))
+                found.append(Step(points[i][0], points[j + 1][0], fell))  # timed by its clear part
             i = j + 1
         else:
             i += 1
