@@ -219,17 +219,14 @@ def _low(points: Points, drop: Drop) -> tuple[float, float]:
     return min(points[max(drop.start - 3, 0):drop.start + 1], key=lambda p: p[1])
 
 
-def _lows_loss(points: Points, drops: Sequence[Drop], period: float, size: float) -> float:
+def _lows_loss(points: Points, drops: Sequence[Drop], period: float, size: float, largest_write: float) -> float:
     """Bytes the saw-tooth loses per period, from the envelope of its lows (free space just before each
     cleanup); 0 when the lows are not going down beyond what their own scatter and the steps explain."""
     lows = [_low(points, d) for d in drops]
     slope = theil_sen(lows, 0.0) or 0.0
     decline = -slope * (lows[-1][0] - lows[0][0])
     scatter = max((abs(v - lows[0][1] - slope * (t - lows[0][0])) for t, v in lows), default=0.0)
-    # Checkpoint writes decide how far past the mark a GC triggers: lows anywhere within one checkpoint
-    # below the mark are not a decline.
-    writes = [s.nbytes for s in steps(points, size)[0]]
-    tolerance = max(size * DROP_FRACTION, 2 * scatter, max(writes, default=0.0))
+    tolerance = max(size * DROP_FRACTION, 2 * scatter, largest_write)
     return -slope * period if decline > tolerance else 0.0
 
 
@@ -242,12 +239,15 @@ def _cleanup_regime(pts: Points, drops: Sequence[Drop], gross: float, evidence: 
     period = statistics.median(b.ts - a.ts for a, b in zip(drops, drops[1:]))
     freed = statistics.median(d.freed for d in drops)
     lows = [_low(pts, d)[1] for d in drops]
-    margin = max(size * DROP_FRACTION, max(lows) - min(lows))
+    # Checkpoint writes decide how far past its mark a GC triggers: lows anywhere within one checkpoint
+    # below the mark are neither a decline nor a missed cleanup.
+    largest_write = max((s.nbytes for s in steps(pts, size)[0]), default=0.0)
+    margin = max(size * DROP_FRACTION, max(lows) - min(lows), largest_write)
     overdue = now >= drops[-1].ts + 1.5 * period and latest < statistics.median(lows)
     if overdue or latest < min(lows) - margin:
         # The cleanup did not come when or where it used to: it may have stopped, so count on none.
         return Trend(slope=gross, span=span, points=len(pts), eta=latest / gross, evidence=evidence)
-    loss = _lows_loss(pts, drops, period, size)
+    loss = _lows_loss(pts, drops, period, size, largest_write)
     if loss <= 0:
         # The lows hold: each cleanup has come before the disk went lower (a high-water-mark GC, a
         # keep-last trainer). The next is awaited at that level, whenever the writer gets there.
