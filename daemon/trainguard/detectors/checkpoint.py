@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Sequence
+from collections.abc import Sequence
 
 from trainguard.detectors import filesystem
 from trainguard.detectors.trend import DROP_FRACTION, Points, steps
