@@ -4,11 +4,12 @@
 
 Each trace is simulated with 10 s samples and evaluated every 5 minutes, as a running daemon and a
 Prometheus rule would be. Three methods side by side:
-- trainguard: the daemon's own trend and alert decision (detectors.trend.fill_trend + forecast.level,
-  default [forecast] config: 6 h window, warning when the ETA is under 6 h);
+- trainguard: the daemon's own history, trend and alert decision (store.history, detectors.trend.fill_trend,
+  forecast.level; default [forecast] config: 6 h window, warning when the ETA is under 6 h);
 - predict_linear: the rule `predict_linear(avail[6h], 6*3600) < 0`, with Prometheus' exact semantics
   (ordinary least squares over the samples of the range (t-6h, t], intercept at the evaluation time);
-- predict_linear for 1h: the same rule with `for: 1h` (pending until it has held for an hour).
+- predict_linear for 1h: the same rule with `for: 1h` (pending until it has held for an hour);
+- and trainguard's fs.next_checkpoint finding: its lead before full, and its episodes where nothing fills.
 
 Filling traces (steady fill, checkpoint steps, slow leak, a saw-tooth that still fills) run from the
 daemon's start to the moment the disk is full: *lead* is how long before full the alert that was
@@ -36,8 +37,10 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "daemon"))
 
 from trainguard.config import Forecast  # noqa: E402
+from trainguard.detectors.checkpoint import judge  # noqa: E402
 from trainguard.detectors.forecast import level  # noqa: E402
 from trainguard.detectors.trend import fill_trend  # noqa: E402
+from trainguard.store.history import History  # noqa: E402
 
 from tests.support import traces  # noqa: E402
 
@@ -84,13 +87,22 @@ class Series:
         return self.pts[lo:bisect.bisect_right(self.ts, now)]
 
 
-def run_trainguard(series: Series, size: float, times):
+def run_trainguard(series: Series, size: float, times, next_checkpoint: list | None = None):
+    """The forecast alert per evaluation, from the daemon's own History (full resolution for 15 min,
+    60 s means before); `next_checkpoint` collects whether fs.next_checkpoint is found."""
     out, active = [], None
+    history, fed = History(None, window=WINDOW), 0
     for now in times:
-        trend = fill_trend(series.window(now, False), size, now, WINDOW, CFG.min_span)
+        while fed < len(series.pts) and series.pts[fed][0] <= now:
+            history.record(series.pts[fed][0], {"avail": series.pts[fed][1]})
+            fed += 1
+        pts = history.points("avail", now - WINDOW)
+        trend = fill_trend(pts, size, now, WINDOW, CFG.min_span)
         alert = level(trend, CFG, active)
         active = alert[0] if alert else None
         out.append((alert is not None, trend.eta if trend else None))
+        if next_checkpoint is not None:
+            next_checkpoint.append(bool(pts) and judge(trend, pts, pts[-1][1], size, (), CFG, now) is not None)
     return out
 
 
@@ -118,8 +130,10 @@ def lead(run, times, full_at: float) -> float:
     return full_at - times[k]
 
 
+NEXT_CHECKPOINT: list = []  # fs.next_checkpoint found, per trainguard evaluation of the current trace
+
 METHODS = {
-    "trainguard": lambda s, size, times: run_trainguard(s, size, times),
+    "trainguard": lambda s, size, times: run_trainguard(s, size, times, NEXT_CHECKPOINT),
     "predict_linear": lambda s, size, times: run_promql(s, times, 0.0),
     "predict_linear for 1h": lambda s, size, times: run_promql(s, times, FOR_1H),
 }
@@ -161,8 +175,11 @@ def bench_filling(seeds: int) -> dict:
             times = sorted({EVERY * k for k in range(1, int(full_at // EVERY) + 1)}
                            | {fine[0] + 10.0 * k for k in range(int((fine[1] - fine[0]) // 10))})
             for method, fn in METHODS.items():
+                NEXT_CHECKPOINT.clear()
                 run = fn(series, process.size, times)
-                row = rows.setdefault((name, method), {"lead": [], "err": [], "episodes": []})
+                row = rows.setdefault((name, method), {"lead": [], "err": [], "episodes": [], "ckpt": []})
+                if NEXT_CHECKPOINT:
+                    row["ckpt"].append(lead([(on, None) for on in NEXT_CHECKPOINT], times, full_at))
                 row["lead"].append(lead(run, times, full_at))
                 row["episodes"].append(episodes(run))
                 for k, t in enumerate(times):
@@ -180,8 +197,17 @@ def bench_never(seeds: int, hours: float) -> dict:
             series = Series(process.sample(0.0, end, seed=seed))
             times = [start + EVERY * k for k in range(1, int((end - start) // EVERY) + 1)]
             for method, fn in METHODS.items():
-                rows.setdefault((name, method), []).append(episodes(fn(series, process.size, times)))
+                NEXT_CHECKPOINT.clear()
+                count = episodes(fn(series, process.size, times))
+                rows.setdefault((name, method), []).append(count)
+                if NEXT_CHECKPOINT:
+                    rows.setdefault((name, "trainguard fs.next_checkpoint"), []).append(
+                        episodes([(on, None) for on in NEXT_CHECKPOINT]))
     return rows
+
+
+def hm(seconds: float) -> str:
+    return f"{int(seconds // H)} h {int(seconds % H // 60):02d} min"
 
 
 def pct(errs) -> str:
@@ -199,8 +225,10 @@ def main() -> int:
     print("| filling trace | method | min lead | ETA error at ~6 h (median / worst) | alert episodes |")
     print("| --- | --- | --- | --- | --- |")
     for (name, method), row in bench_filling(args.seeds).items():
-        print(f"| {name} | {method} | {min(row['lead']) / H:.1f} h | {pct(row['err'])} | "
+        print(f"| {name} | {method} | {hm(min(row['lead']))} | {pct(row['err'])} | "
               f"{' '.join(map(str, row['episodes']))} |")
+        if any(row["ckpt"]):
+            print(f"| {name} | trainguard fs.next_checkpoint | {hm(min(row['ckpt']))} | | |")
     print(f"\n| never-filling trace ({args.hours:.0f} h each; warm-up 12 h) | method | false alert episodes per seed |")
     print("| --- | --- | --- |")
     for (name, method), counts in bench_never(args.seeds, args.hours).items():

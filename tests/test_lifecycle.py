@@ -191,7 +191,10 @@ def test_daemon_forecast_fires_once_survives_a_restart_and_resolves(tmp_path):
     clock, disk, recorder = FakeClock(), FakeDisk(), Recorder()
     rate = 10 * 2**30 / H  # 10 GiB/h onto a 100 GiB disk with 65 GiB free: 6.5 h, then sooner
     disk.avail = 65 * 2**30
-    d = daemon(tmp_path, clock, disk, recorder)
+    # This test is about the alert's life across a restart: let 30 min of evidence back a 6 h ETA (the
+    # default evidence rule would wait until the rate has held as long as the ETA; tests/test_forecast.py).
+    sections = {"forecast": {"window": "2h", "min_span": "20m", "evidence_ratio": 12}}
+    d = daemon(tmp_path, clock, disk, recorder, sections)
     fired_at = None
     for i in range(6 * 60):  # 1 h at 10 s
         d.cycle()
@@ -206,7 +209,7 @@ def test_daemon_forecast_fires_once_survives_a_restart_and_resolves(tmp_path):
 
     d.close()
     recorder2 = Recorder()
-    d2 = daemon(tmp_path, clock, disk, recorder2)  # restarted: history and alert states come back
+    d2 = daemon(tmp_path, clock, disk, recorder2, sections)  # restarted: history and alert states come back
     for _ in range(30):
         d2.cycle()
         clock.advance(10)

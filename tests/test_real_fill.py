@@ -74,6 +74,8 @@ window = "4s"
 min_span = "2s"
 warning = "10s"
 critical = "3s"
+min_samples = 10       # 2 s of samples: the field's evidence rule, scaled like the window
+evidence_ratio = 3     # a 10 s warning from a 4 s window (the field default: 6 h from 6 h)
 [alerts]
 keep_firing_for = "1s"
 """)

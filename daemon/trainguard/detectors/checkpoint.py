@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Sequence
+from collections.abc import Sequence
 
 from trainguard.detectors import filesystem
-from trainguard.detectors.trend import Points, steps
+from trainguard.detectors.trend import DROP_FRACTION, Points, steps
 from trainguard.records import CheckpointFact, Finding, Severity
 from trainguard.units import format_bytes, format_duration, format_ratio
 
@@ -60,6 +60,21 @@ def _judge(r: Rhythm, avail: float, cfg, now: float) -> tuple[Severity, float | 
     return severity, next_at, free_then, need
 
 
+def judge(trend, points: Points, avail: float, size: float, facts: Sequence[CheckpointFact], cfg,
+          now: float) -> tuple[Rhythm, tuple[Severity, float | None, float, float]] | None:
+    """The rhythm and (severity, next write time, free then, needed) when the next checkpoint will not fit."""
+    r = rhythm(points, size, facts, cfg.checkpoint_min_steps, now)
+    if r is None:
+        return None
+    if trend is not None and trend.cleanup_low is not None \
+            and avail >= trend.cleanup_low - max(DROP_FRACTION * size, r.nbytes):
+        # At a level where a cleanup that keeps up has come every cycle (a save, then its rotation; the
+        # lows seen may be up to one checkpoint above the real ones): the next save will have room.
+        return None
+    verdict = _judge(r, avail, cfg, now)
+    return None if verdict is None else (r, verdict)
+
+
 HINT = ("free space before the next save (trainguard cleanup --dry-run shows candidates), lower keep_last, "
         "or save to a larger volume")
 
@@ -75,11 +90,10 @@ def detect(inp) -> list[Finding]:
             continue
         points = inp.history.points(f"fs.avail_bytes:{mp}", inp.now - cfg.window)
         facts = [f for f in inp.snapshot.checkpoints if f.mount_point == mp]
-        r = rhythm(points, usage.size_bytes, facts, cfg.checkpoint_min_steps, inp.now)
-        verdict = _judge(r, usage.avail_bytes, cfg, inp.now) if r is not None else None
-        if verdict is None:
+        found = judge(inp.trend(sample), points, usage.avail_bytes, usage.size_bytes, facts, cfg, inp.now)
+        if found is None:
             continue
-        severity, next_at, free_then, need = verdict
+        r, (severity, next_at, free_then, need) = found
         when = ("at the next save (its time is not known yet)" if next_at is None
                 else f"at the next save, expected in ~{format_duration(next_at - inp.now)}")
         findings.append(Finding(

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Sequence
+from collections.abc import Sequence
 
 BUCKETS = 48  # points the window is reduced to; 48 -> ~1100 pairs, cheap in pure Python
 MIN_POINTS = 4
@@ -46,6 +46,7 @@ class Trend:
     eta: float | None  # seconds until avail reaches 0; None when not filling
     cleanup_every: float | None = None  # repeated drops: their median interval, seconds
     cleanup_frees: float | None = None  # and the median bytes each one frees
+    cleanup_low: float | None = None  # the lowest free space a cleanup has come at (keeping up)
     evidence: float = 0.0  # seconds over which the rate has held (the ETA's support); defaults to span
 
     def __post_init__(self) -> None:
@@ -86,12 +87,17 @@ def steps(points: Points, size: float) -> tuple[list[Step], float]:
             while j + 1 < len(diffs) and diffs[j + 1][0] - base * diffs[j + 1][1] < -0.5 * spread - 1.0:
                 j += 1
             first = i
-            while first > 0 and (not found or points[first][0] > found[-1].end) \
+            while first > 0 and (not found or points[first - 1][0] >= found[-1].end) \
                     and diffs[first - 1][0] - base * diffs[first - 1][1] < -0.5 * spread - 1.0:
                 first -= 1  # its first, slower samples
-            fell = points[first][1] - points[j + 1][1] + base * (points[j + 1][0] - points[first][0])
+            # One more sample each side: a write starts and ends between samples, and its partial
+            # first and last changes would otherwise be left to the background.
+            if first > 0 and (not found or points[first - 1][0] >= found[-1].end):
+                first -= 1
+            last = min(j + 2, len(points) - 1)
+            fell = points[first][1] - points[last][1]  # the background's share over a write is small
             if fell >= max(size * DROP_FRACTION, 8 * spread):
-                found.append(Step(points[first][0], points[j + 1][0], fell))
+                found.append(Step(points[i][0], points[j + 1][0], fell))  # timed by its clear part
             i = j + 1
         else:
             i += 1
@@ -207,18 +213,20 @@ def _sawtooth_eta(avail: float, gross: float, loss: float, first_in: float, peri
     return first_in + k * period + (level - k * loss) / gross
 
 
-def _lows_loss(points: Points, drops: Sequence[Drop], period: float, size: float, gross: float) -> float:
+def _low(points: Points, drop: Drop) -> tuple[float, float]:
+    """The saw-tooth's low before a cleanup: the least free space in the few samples before it (with
+    averaged history a save just before the cleanup is spread over them)."""
+    return min(points[max(drop.start - 3, 0):drop.start + 1], key=lambda p: p[1])
+
+
+def _lows_loss(points: Points, drops: Sequence[Drop], period: float, size: float, largest_write: float) -> float:
     """Bytes the saw-tooth loses per period, from the envelope of its lows (free space just before each
     cleanup); 0 when the lows are not going down beyond what their own scatter and the steps explain."""
-    lows = [points[d.start] for d in drops]
+    lows = [_low(points, d) for d in drops]
     slope = theil_sen(lows, 0.0) or 0.0
     decline = -slope * (lows[-1][0] - lows[0][0])
     scatter = max((abs(v - lows[0][1] - slope * (t - lows[0][0])) for t, v in lows), default=0.0)
-    # Checkpoint writes (falls much faster than the gross rate) decide how far past the mark a GC
-    # triggers: lows scattered by one checkpoint are not a decline.
-    writes = [-s.freed for s in jumps(points, size, rising=False)
-              if -s.freed > 4 * gross * max(s.ts - points[s.start][0], 1.0)]
-    tolerance = max(size * DROP_FRACTION, 2 * scatter, statistics.median(writes) if writes else 0.0)
+    tolerance = max(size * DROP_FRACTION, 2 * scatter, largest_write)
     return -slope * period if decline > tolerance else 0.0
 
 
@@ -226,15 +234,20 @@ def _cleanup_regime(pts: Points, drops: Sequence[Drop], gross: float, evidence: 
                     now: float) -> Trend:
     latest = pts[-1][1]
     span = pts[-1][0] - pts[0][0]
+    whole = [d for d in drops if d.start >= 3]  # not one the window begins in, or too near for its low
+    drops = whole if len(whole) >= 2 else drops
     period = statistics.median(b.ts - a.ts for a, b in zip(drops, drops[1:]))
     freed = statistics.median(d.freed for d in drops)
-    lows = [pts[d.start][1] for d in drops]
-    margin = max(size * DROP_FRACTION, max(lows) - min(lows))
+    lows = [_low(pts, d)[1] for d in drops]
+    # Checkpoint writes decide how far past its mark a GC triggers: lows anywhere within one checkpoint
+    # below the mark are neither a decline nor a missed cleanup.
+    largest_write = max((s.nbytes for s in steps(pts, size)[0]), default=0.0)
+    margin = max(size * DROP_FRACTION, max(lows) - min(lows), largest_write)
     overdue = now >= drops[-1].ts + 1.5 * period and latest < statistics.median(lows)
     if overdue or latest < min(lows) - margin:
         # The cleanup did not come when or where it used to: it may have stopped, so count on none.
         return Trend(slope=gross, span=span, points=len(pts), eta=latest / gross, evidence=evidence)
-    loss = _lows_loss(pts, drops, period, size, gross)
+    loss = _lows_loss(pts, drops, period, size, largest_write)
     if loss <= 0:
         # The lows hold: each cleanup has come before the disk went lower (a high-water-mark GC, a
         # keep-last trainer). The next is awaited at that level, whenever the writer gets there.
@@ -245,7 +258,7 @@ def _cleanup_regime(pts: Points, drops: Sequence[Drop], gross: float, evidence: 
         first_in = max(drops[-1].ts + period - now, 0.0)
         eta = _sawtooth_eta(latest, gross, loss, first_in, period)
     return Trend(slope=gross, span=span, points=len(pts), eta=eta, cleanup_every=period, cleanup_frees=freed,
-                 evidence=evidence)
+                 cleanup_low=min(lows) if eta is None else None, evidence=evidence)
 
 
 def _stepped_eta(pts: Points, size: float, rate: float, now: float) -> float | None:

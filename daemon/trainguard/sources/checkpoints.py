@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from trainguard.records import CheckpointFact, FsSample
 
