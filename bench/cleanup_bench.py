@@ -46,8 +46,8 @@ def build(root: str, files: int) -> None:
 CHILD = r"""
 import json, os, resource, sys, time
 from trainguard import config
-from trainguard.actions.audit import AuditLog
-from trainguard.actions.cleanup import CleanupRunner
+from trainguard.actions.cleanup.audit import AuditLog
+from trainguard.actions.cleanup.runner import CleanupRunner
 from trainguard.store.state import StateDb
 root, dry, state_dir = sys.argv[1], sys.argv[2] == "dry", sys.argv[3]
 pol = config.parse({"cleanup": [{"name": "bench", "type": "age", "roots": [root], "older_than": "7d",

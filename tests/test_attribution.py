@@ -10,7 +10,14 @@ import textwrap
 
 import pytest
 from trainguard.diagnosis import attribution
-from trainguard.diagnosis.attribution import DeviceFiles, Holder, attribute, is_trainguard, needs_inference, uses
+from trainguard.diagnosis.attribution import (
+    DeviceFiles,
+    Holder,
+    attribute,
+    is_trainguard,
+    needs_inference,
+    uses,
+)
 from trainguard.records import GpuProcess, GpuSample
 
 GiB = 2**30

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 from trainguard import config
-from trainguard.actions import policies as sel
-from trainguard.actions.audit import AuditLog
-from trainguard.actions.cleanup import CleanupRunner, findings_for
-from trainguard.actions.safety import UnsafeRoot, open_checked_root
-from trainguard.actions.worker import Scheduler
+from trainguard.actions.cleanup import policies as sel
+from trainguard.actions.cleanup.audit import AuditLog
+from trainguard.actions.cleanup.runner import CleanupRunner, findings_for
+from trainguard.actions.cleanup.safety import UnsafeRoot, open_checked_root
+from trainguard.actions.cleanup.worker import Scheduler
 from trainguard.records import FsSample, Mount, MountKind, Severity, Snapshot
 from trainguard.sources.fs import usage_from_statvfs
 
@@ -317,7 +317,7 @@ def test_permission_denied_on_a_subtree_is_skipped(tmp_path):
     script = textwrap.dedent(f"""
         import time
         from trainguard import config
-        from trainguard.actions.cleanup import CleanupRunner
+        from trainguard.actions.cleanup.runner import CleanupRunner
         pol = config.parse({{"cleanup": [{{"name": "p", "type": "age", "roots": [{str(root)!r}], "age_by": ["mtime"]}}]}}, "t").cleanup[0]
         rep = CleanupRunner([], homes=frozenset(), clock=lambda: time.time() + 86400).run(pol)
         print(rep.files, rep.skipped.get("permission"))

@@ -12,8 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from trainguard.actions.cleanup import findings_for
+from trainguard.actions.cleanup.runner import findings_for
 from trainguard.i18n import tr
 from trainguard.notify.texts import texts_for
 from trainguard.records import Severity

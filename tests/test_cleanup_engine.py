@@ -8,7 +8,7 @@ import os
 import random
 import time
 
-from trainguard.actions.safety import OpenFiles
+from trainguard.actions.cleanup.safety import OpenFiles
 
 from tests.support.cli import trainguard
 from tests.test_cleanup import DAY, holder, make, names, policy, runner

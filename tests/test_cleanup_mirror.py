@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from trainguard import config
 
 from tests.test_cleanup import DAY, make, names, runner

@@ -74,11 +74,12 @@ def test_close_kills_a_py_spy_still_running(stuck_trainer, tmp_path):
 
 
 def test_daemon_sends_the_stall_again_once_its_late_diagnosis_is_in(stuck_trainer, tmp_path):
+    from trainguard.records import AlertStatus
+    from trainguard.sources.gpu import GpuSampler
+
     from tests.gpu_support import GiB, fake_pynvml, gpu_spec
     from tests.support.clock import FakeClock
     from tests.support.fake_daemon import FakeDisk, Recorder, daemon
-    from trainguard.records import AlertStatus
-    from trainguard.sources.gpu import GpuSampler
 
     child, _tid, events, _fs = stuck_trainer
     exe, _pids = _hanging_py_spy(tmp_path)

@@ -14,11 +14,16 @@ import sys
 from pathlib import Path
 
 import pytest
+from trainguard import guardspool
+from trainguard.guard import (
+    CheckpointWontFit,
+    previous_checkpoint,
+    save_checkpoint,
+    will_fit,
+)
+from trainguard.guard.space import TEMP_MARK, family_pattern, reserve_bytes
 
 from tests.support.mounts import fill
-from trainguard import guardspool
-from trainguard.guard import CheckpointWontFit, previous_checkpoint, save_checkpoint, will_fit
-from trainguard.guard.space import TEMP_MARK, family_pattern, reserve_bytes
 
 MiB = 2**20
 HEAVY = ("pydantic", "apprise", "prometheus_client", "sqlite3", "torch")

@@ -7,11 +7,11 @@ import subprocess
 import sys
 
 import pytest
+from trainguard.actions.cleanup.audit import read_freed
+from trainguard.records import AlertStatus, Severity
 
 from tests.support.clock import FakeClock
 from tests.support.fake_daemon import FakeDisk, Recorder, daemon
-from trainguard.actions.audit import read_freed
-from trainguard.records import AlertStatus, Severity
 
 MiB = 2**20
 TRAINER = """

@@ -12,9 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.support.http_receiver import HttpReceiver
 from trainguard.i18n import LOCALE_DIR, format_when, tr
 from trainguard.notify.texts import RENDERERS
+
+from tests.support.http_receiver import HttpReceiver
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "daemon" / "trainguard"

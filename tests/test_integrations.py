@@ -11,9 +11,9 @@ import os
 from pathlib import Path
 
 import pytest
+from trainguard import guardspool
 
 from tests.support.mounts import fill
-from trainguard import guardspool
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.root
@@ -164,9 +164,8 @@ def test_lightning_guard_skips_a_save_that_would_not_fit(tmpfs_mount, tmp_path):
 
 def test_transformers_rotation_estimate_matches_what_save_total_limit_deletes(tmp_path):
     pytest.importorskip("transformers")
-    from transformers.trainer_utils import rotate_checkpoints
-
     from trainguard.integrations.transformers import rotation_frees
+    from transformers.trainer_utils import rotate_checkpoints
 
     for step, size in ((10, 1000), (20, 2000), (30, 4000), (40, 8000)):
         (tmp_path / f"checkpoint-{step}").mkdir()

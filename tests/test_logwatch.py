@@ -6,8 +6,8 @@ import os
 import time
 
 import pytest
-from trainguard.config import LogWatch
 from trainguard.alerts.lifecycle import Lifecycle
+from trainguard.config import LogWatch
 from trainguard.detectors.gpu import detect_log_matches
 from trainguard.records import AlertStatus, Snapshot
 from trainguard.sources.logwatch import FileTail, LogWatcher

@@ -7,9 +7,9 @@ import json
 import re
 
 import pytest
+from trainguard.i18n import tr
 from trainguard.notify.messages import TITLE_MAX, compose
 from trainguard.notify.texts import RENDERERS, texts_for
-from trainguard.i18n import tr
 from trainguard.records import AlertEvent, AlertStatus, Finding, Severity
 
 from tests.test_i18n import finding_kinds_in_code
@@ -249,8 +249,12 @@ def test_a_credential_in_a_watched_log_line_never_reaches_a_message():
 def test_the_findings_the_code_builds_carry_what_their_renderers_read(tmp_path):
     """The renderers read facts from details: built by the real code, no kind falls back to English."""
     from trainguard import guardspool
+    from trainguard.actions.cleanup.report import (
+        CleanupReport,
+        RootReport,
+        findings_for,
+    )
     from trainguard.actions.guard_inbox import FINDING_KINDS, finding_for
-    from trainguard.actions.report import CleanupReport, RootReport, findings_for
     from trainguard.diagnosis.model import FileView
     from trainguard.diagnosis.placement import GpuProcessRef, _finding
     from trainguard.store.writes import WriteProblem, unwritable_finding

@@ -10,12 +10,12 @@ import time
 from pathlib import Path
 
 import pytest
+from trainguard import config as configmod
+from trainguard.actions.cleanup.audit import AuditLog
+from trainguard.actions.cleanup.rotate import rotate_logs
+from trainguard.actions.cleanup.runner import CleanupRunner, findings_for
 
 from tests.support.log_writer import LogWriter, pieces, steps
-from trainguard import config as configmod
-from trainguard.actions.audit import AuditLog
-from trainguard.actions.cleanup import CleanupRunner, findings_for
-from trainguard.actions.rotate import rotate_logs
 
 KiB, MiB = 2**10, 2**20
 

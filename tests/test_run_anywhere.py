@@ -13,7 +13,9 @@ import sys
 import pytest
 
 from tests.support.daemon_proc import DaemonProcess, child_env, wait_until
-from tests.test_service import config  # thresholds at 0 %: an alert fires on the first cycle
+from tests.test_service import (
+    config,  # thresholds at 0 %: an alert fires on the first cycle
+)
 
 
 def tg(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:

@@ -10,14 +10,24 @@ import re
 import subprocess
 import sys
 
-from tests.gpu_support import FAKE_DIR, GiB, gpu_spec
-from tests.support.http_receiver import HttpReceiver
-from tests.test_gpu_diagnosis import _gpu_holding, stuck_trainer  # noqa: F401 - the fixture
 from trainguard import config
 from trainguard.diagnosis.stall import StallDiagnoser, render
 from trainguard.notify.apprise_sender import AppriseSender
 from trainguard.notify.messages import compose
-from trainguard.records import AlertEvent, AlertStatus, Finding, FsSample, Mount, MountKind, Severity, Snapshot
+from trainguard.records import (
+    AlertEvent,
+    AlertStatus,
+    Finding,
+    FsSample,
+    Mount,
+    MountKind,
+    Severity,
+    Snapshot,
+)
+
+from tests.gpu_support import FAKE_DIR, GiB, gpu_spec
+from tests.support.http_receiver import HttpReceiver
+from tests.test_gpu_diagnosis import _gpu_holding, stuck_trainer  # noqa: F401 - the fixture
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HAN = re.compile(r"[\u4e00-\u9fff]")

@@ -165,7 +165,9 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     if not reading.gpus:
         sampler.close()
         return _no_gpu(args, _one_shot_reason(reading.status), EXIT_CRITICAL)
-    from trainguard.diagnosis import stall as diagnosis  # only now: a host without a GPU need not load it
+    from trainguard.diagnosis import (
+        stall as diagnosis,  # only now: a host without a GPU need not load it
+    )
 
     diagnoser = diagnosis.StallDiagnoser(cfg.general.proc_root, py_spy=cfg.gpu.py_spy)
     try:
@@ -215,9 +217,9 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
-    from trainguard.actions.audit import AuditLog
-    from trainguard.actions.cleanup import CleanupRunner, Item
-    from trainguard.actions.report import printable, summary_lines
+    from trainguard.actions.cleanup.audit import AuditLog
+    from trainguard.actions.cleanup.report import printable, summary_lines
+    from trainguard.actions.cleanup.runner import CleanupRunner, Item
     from trainguard.store.state import StateDb, StateDirError, choose_state_dir
     from trainguard.units import format_bytes, format_duration
 

@@ -37,9 +37,9 @@ class FakeDisk:
 
 def daemon(tmp_path, clock, disk, recorder, sections=None):
     from trainguard.service.daemon import Daemon
-    from trainguard.sources.samplers import Samplers
     from trainguard.sources.diskstats import DiskstatsSampler
     from trainguard.sources.fs import FsSampler
+    from trainguard.sources.samplers import Samplers
 
     cfg = configmod.parse(sections or {"forecast": {"window": "2h", "min_span": "20m"}}, "test")
     d = Daemon(configmod.Loaded(cfg, "test"), clock=clock, state_dir=str(tmp_path / "state"), notifiers=[recorder])

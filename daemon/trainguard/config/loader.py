@@ -16,7 +16,11 @@ from typing import Any, Mapping
 from pydantic import ValidationError, model_validator
 
 from trainguard.config.base import Strict
-from trainguard.config.cleanup import DEFAULT_CLEANUP, CleanupPolicies, check_mirror_names
+from trainguard.config.cleanup import (
+    DEFAULT_CLEANUP,
+    CleanupPolicies,
+    check_mirror_names,
+)
 from trainguard.config.environment import ENV_CONFIG, ENV_PREFIX, EnvOverrides, read_env
 from trainguard.config.general import Alerts, General, History, Metrics
 from trainguard.config.gpu import Gpu

@@ -11,8 +11,8 @@ plus a margin, *before* that write, with its expected time; critical when the wr
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from trainguard.detectors import filesystem
 from trainguard.detectors.trend import DROP_FRACTION, Points, steps

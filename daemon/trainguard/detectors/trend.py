@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 BUCKETS = 48  # points the window is reduced to; 48 -> ~1100 pairs, cheap in pure Python
 MIN_POINTS = 4

@@ -18,10 +18,21 @@ from typing import Callable, NamedTuple, Sequence
 
 from trainguard.diagnosis import attribution
 from trainguard.diagnosis.attribution import DeviceFiles
-from trainguard.diagnosis.model import Diagnosis, FileView, ProcessView, ThreadView, file_category
+from trainguard.diagnosis.model import (
+    Diagnosis,
+    FileView,
+    ProcessView,
+    ThreadView,
+    file_category,
+)
 from trainguard.diagnosis.placement import GpuProcessRef, risky_writes
 from trainguard.diagnosis.render import render
-from trainguard.diagnosis.threads import parse_py_spy_dump, python_thread_names, remote_fd_flags, view_process
+from trainguard.diagnosis.threads import (
+    parse_py_spy_dump,
+    python_thread_names,
+    remote_fd_flags,
+    view_process,
+)
 from trainguard.diagnosis.verdict import build_diagnosis, timed_out, verdict_and_remedy
 from trainguard.diagnosis.worker import BoundedWorker, Children
 from trainguard.records import Finding, GpuSample, Snapshot

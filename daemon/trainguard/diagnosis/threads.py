@@ -8,7 +8,13 @@ import os
 import shutil
 from typing import Mapping, Sequence
 
-from trainguard.diagnosis.model import CATEGORY_RANK, FileView, ProcessView, ThreadView, file_category
+from trainguard.diagnosis.model import (
+    CATEGORY_RANK,
+    FileView,
+    ProcessView,
+    ThreadView,
+    file_category,
+)
 from trainguard.diagnosis.worker import Children
 from trainguard.records import FsSample, MountKind
 from trainguard.sources import procs

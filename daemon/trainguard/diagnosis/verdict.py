@@ -9,8 +9,21 @@ import dataclasses
 import os
 from typing import Any, Iterable, Sequence
 
-from trainguard.diagnosis.model import CATEGORY_RANK, Diagnosis, FileView, ProcessView, ThreadView, file_category
-from trainguard.diagnosis.words import mirror_text, remedy_text, remote_remedy, verdict_text, who_text
+from trainguard.diagnosis.model import (
+    CATEGORY_RANK,
+    Diagnosis,
+    FileView,
+    ProcessView,
+    ThreadView,
+    file_category,
+)
+from trainguard.diagnosis.words import (
+    mirror_text,
+    remedy_text,
+    remote_remedy,
+    verdict_text,
+    who_text,
+)
 from trainguard.i18n import tr
 from trainguard.records import FsSample, GpuSample, LogMatch
 from trainguard.redact import scrub

@@ -22,7 +22,14 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from trainguard.guard import save_checkpoint
 from trainguard.guard.space import Reserve
-from trainguard.integrations.common import GO, STOP, Verdict, decide, estimate, report_stop
+from trainguard.integrations.common import (
+    GO,
+    STOP,
+    Verdict,
+    decide,
+    estimate,
+    report_stop,
+)
 
 
 class DiskGuard(Callback):

@@ -17,7 +17,14 @@ from typing import Any
 from transformers import TrainerCallback
 
 from trainguard.guard.space import Reserve, list_checkpoints, tree_bytes
-from trainguard.integrations.common import GO, STOP, Verdict, decide, estimate, report_stop
+from trainguard.integrations.common import (
+    GO,
+    STOP,
+    Verdict,
+    decide,
+    estimate,
+    report_stop,
+)
 
 CHECKPOINTS = ("checkpoint-*",)  # transformers' PREFIX_CHECKPOINT_DIR
 

@@ -78,7 +78,9 @@ def _gpu_orphan(f: Finding, _: Gettext) -> Texts:
 
 @renders("gpu.xid")
 def _gpu_xid(f: Finding, _: Gettext) -> Texts:
-    from trainguard.detectors.gpu import XID_MEANINGS  # with the detector's table, not a copy of it
+    from trainguard.detectors.gpu import (
+        XID_MEANINGS,  # with the detector's table, not a copy of it
+    )
 
     gpu = _gpu(f)
     worst = int(f.value) if f.value is not None else int(f.details["xids"][-1])

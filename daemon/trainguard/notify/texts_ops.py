@@ -9,7 +9,6 @@ from trainguard.notify.texts import Texts, renders, short_path
 from trainguard.records import Finding
 from trainguard.units import format_bytes, format_duration, format_ratio
 
-
 BLOCKED_WHY = {"read-only": N_("{path} is mounted read-only here"),
                "permission": N_("{path} is not writable for trainguard's user")}
 

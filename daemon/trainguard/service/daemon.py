@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from trainguard import config as configmod
-from trainguard.actions.audit import freed_totals
+from trainguard.actions.cleanup.audit import freed_totals
 from trainguard.actions.guard_inbox import GuardInbox
 from trainguard.alerts.lifecycle import Lifecycle
 from trainguard.clock import Clock, SystemClock
@@ -40,8 +40,8 @@ from trainguard.store.writes import WriteHealth, unwritable_finding
 from trainguard.surfaces.exporter import MetricsServer, Readings
 
 if TYPE_CHECKING:
+    from trainguard.actions.cleanup.worker import CleanupWorker
     from trainguard.actions.mirror.worker import MirrorWorker
-    from trainguard.actions.worker import CleanupWorker
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +173,7 @@ class Daemon:
         if not policies:
             return None
         # Loaded only when a policy is on: a daemon that never cleans up need not carry the walker and policies.
-        from trainguard.actions.worker import CleanupWorker, make_runner_factory
+        from trainguard.actions.cleanup.worker import CleanupWorker, make_runner_factory
 
         worker = CleanupWorker(make_runner_factory(policies, self.db.connect, cfg.general.proc_root, cfg.mirror),
                                clock=self.clock.time)

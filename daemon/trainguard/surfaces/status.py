@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import Any, Sequence
 
 from trainguard import config as configmod
-from trainguard.actions.audit import read_freed
+from trainguard.actions.cleanup.audit import read_freed
 from trainguard.alerts import lifecycle as alerts
 from trainguard.clock import Clock, SystemClock
 from trainguard.detectors import DetectorInput, evaluate

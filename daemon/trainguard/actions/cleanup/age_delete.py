@@ -9,11 +9,11 @@ import os
 import stat as stat_mod
 from dataclasses import dataclass
 
-from trainguard.actions import policies as sel
-from trainguard.actions import unittree, walker
-from trainguard.actions.age_judge import make_judge
-from trainguard.actions.guard import Root, reached
-from trainguard.actions.plan import Ctx, full_path
+from trainguard.actions.cleanup import policies as sel
+from trainguard.actions.cleanup import unittree, walker
+from trainguard.actions.cleanup.age_judge import make_judge
+from trainguard.actions.cleanup.guard import Root, reached
+from trainguard.actions.cleanup.plan import Ctx, full_path
 from trainguard.units import format_bytes
 
 

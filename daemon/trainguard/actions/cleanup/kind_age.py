@@ -17,12 +17,12 @@ import os
 import stat as stat_mod
 from dataclasses import dataclass, field
 
-from trainguard.actions import age_delete, unittree, walker
-from trainguard.actions import policies as sel
-from trainguard.actions.age_judge import Busy, make_enters, make_judge
-from trainguard.actions.guard import Root
-from trainguard.actions.plan import Ctx, Planned
-from trainguard.actions.report import Tally
+from trainguard.actions.cleanup import age_delete, unittree, walker
+from trainguard.actions.cleanup import policies as sel
+from trainguard.actions.cleanup.age_judge import Busy, make_enters, make_judge
+from trainguard.actions.cleanup.guard import Root
+from trainguard.actions.cleanup.plan import Ctx, Planned
+from trainguard.actions.cleanup.report import Tally
 from trainguard.config import AgePolicy
 
 

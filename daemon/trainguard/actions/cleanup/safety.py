@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from trainguard.actions.walker import mount_id
+from trainguard.actions.cleanup.walker import mount_id
 from trainguard.rootcheck import (  # noqa: F401
     FORBIDDEN_TREES,
     SYSTEM_DIRS,

@@ -15,11 +15,11 @@ import os
 import stat as stat_mod
 from dataclasses import dataclass
 
-from trainguard.actions import unittree, walker
-from trainguard.actions import policies as sel
-from trainguard.actions.guard import Root
-from trainguard.actions.kind_age import AgeKind
-from trainguard.actions.plan import Ctx, Planned, full_path
+from trainguard.actions.cleanup import policies as sel
+from trainguard.actions.cleanup import unittree, walker
+from trainguard.actions.cleanup.guard import Root
+from trainguard.actions.cleanup.kind_age import AgeKind
+from trainguard.actions.cleanup.plan import Ctx, Planned, full_path
 from trainguard.units import format_duration
 
 

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from trainguard.actions.report import printable
+from trainguard.actions.cleanup.report import printable
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS cleanup_audit (

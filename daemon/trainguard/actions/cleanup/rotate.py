@@ -28,11 +28,16 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from trainguard.actions import policies as sel
-from trainguard.actions import walker
-from trainguard.actions.audit import AuditLog
-from trainguard.actions.cleanup import CleanupReport, Item, RootReport, describe
-from trainguard.actions.safety import UnsafeRoot, mount_point_of, mounts_below, open_checked_root
+from trainguard.actions.cleanup import policies as sel
+from trainguard.actions.cleanup import walker
+from trainguard.actions.cleanup.audit import AuditLog
+from trainguard.actions.cleanup.runner import CleanupReport, Item, RootReport, describe
+from trainguard.actions.cleanup.safety import (
+    UnsafeRoot,
+    mount_point_of,
+    mounts_below,
+    open_checked_root,
+)
 from trainguard.config import LogsPolicy
 from trainguard.units import format_bytes
 

@@ -24,15 +24,21 @@ import os
 import time
 from typing import Callable, Mapping, Sequence
 
-from trainguard.actions import policies as sel
-from trainguard.actions import walker
-from trainguard.actions.audit import AuditLog
-from trainguard.actions.guard import Root, bytes_above, max_delete_guard, open_root, watermark_need
-from trainguard.actions.kind_age import AgeKind
-from trainguard.actions.kind_checkpoints import CheckpointsKind
-from trainguard.actions.kind_hf import HfKind
-from trainguard.actions.plan import Ctx, Kind, Planned, Tools
-from trainguard.actions.report import (  # re-exported: the CLI, worker and tests use them
+from trainguard.actions.cleanup import policies as sel
+from trainguard.actions.cleanup import walker
+from trainguard.actions.cleanup.audit import AuditLog
+from trainguard.actions.cleanup.guard import (
+    Root,
+    bytes_above,
+    max_delete_guard,
+    open_root,
+    watermark_need,
+)
+from trainguard.actions.cleanup.kind_age import AgeKind
+from trainguard.actions.cleanup.kind_checkpoints import CheckpointsKind
+from trainguard.actions.cleanup.kind_hf import HfKind
+from trainguard.actions.cleanup.plan import Ctx, Kind, Planned, Tools
+from trainguard.actions.cleanup.report import (  # re-exported: the CLI, worker and tests use them
     CleanupReport,
     Item,
     RootReport,
@@ -40,7 +46,7 @@ from trainguard.actions.report import (  # re-exported: the CLI, worker and test
     describe,
     findings_for,
 )
-from trainguard.actions.safety import OpenFiles, home_dirs
+from trainguard.actions.cleanup.safety import OpenFiles, home_dirs
 from trainguard.config import AgePolicy, CachePolicy, CheckpointsPolicy, Mirror
 from trainguard.sources.fs import usage_from_statvfs
 
@@ -98,8 +104,8 @@ class CleanupRunner:
         """Run one policy once. trigger "watermark" frees down to `low`; "schedule" takes every
         candidate; "manual" does what the policy's own triggers would (a watermark-only policy
         deletes nothing while its filesystem is below `high`)."""
-        if policy.type == "logs":  # rotation, not deletion: its own module (actions/rotate.py)
-            from trainguard.actions.rotate import rotate_logs
+        if policy.type == "logs":  # rotation, not deletion: its own module (actions/cleanup/rotate.py)
+            from trainguard.actions.cleanup.rotate import rotate_logs
 
             return rotate_logs(policy, trigger=trigger, dry_run=dry_run, on_item=on_item, audit=self.audit,
                                proc_root=self.proc_root, homes=self.homes, clock=self.clock)

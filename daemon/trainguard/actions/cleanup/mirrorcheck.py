@@ -17,10 +17,10 @@ import sys
 import time
 from typing import Mapping, Sequence
 
-from trainguard.actions import policies as sel
-from trainguard.actions import walker
-from trainguard.actions.report import printable
-from trainguard.actions.safety import OpenedRoot
+from trainguard.actions.cleanup import policies as sel
+from trainguard.actions.cleanup import walker
+from trainguard.actions.cleanup.report import printable
+from trainguard.actions.cleanup.safety import OpenedRoot
 from trainguard.config import Mirror, mirrored_path
 
 # The child: reads one JSON document {key: [[path, size, mtime_s], ...]} on stdin and prints

@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 import stat as stat_mod
 
-from trainguard.actions import mirrorcheck, unittree, walker
-from trainguard.actions import policies as sel
-from trainguard.actions.guard import Root, reached
-from trainguard.actions.plan import Ctx, Planned, full_path
-from trainguard.actions.safety import in_grace
+from trainguard.actions.cleanup import mirrorcheck, unittree, walker
+from trainguard.actions.cleanup import policies as sel
+from trainguard.actions.cleanup.guard import Root, reached
+from trainguard.actions.cleanup.plan import Ctx, Planned, full_path
+from trainguard.actions.cleanup.safety import in_grace
 
 
 class CheckpointsKind:

@@ -8,9 +8,9 @@ import stat as stat_mod
 from dataclasses import dataclass
 from typing import Callable
 
-from trainguard.actions import policies as sel
-from trainguard.actions import unittree
-from trainguard.actions.plan import Ctx
+from trainguard.actions.cleanup import policies as sel
+from trainguard.actions.cleanup import unittree
+from trainguard.actions.cleanup.plan import Ctx
 from trainguard.config import AgePolicy, CachePolicy
 
 # judge(dir_fd, name, relpath, lstat, is_dir) -> (age timestamp, bytes, files, is_unit) or None

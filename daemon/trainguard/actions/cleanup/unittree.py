@@ -9,7 +9,13 @@ import os
 import stat
 from typing import NamedTuple
 
-from trainguard.actions.walker import Hook, WalkProblem, mount_id, open_dir_at, walk
+from trainguard.actions.cleanup.walker import (
+    Hook,
+    WalkProblem,
+    mount_id,
+    open_dir_at,
+    walk,
+)
 
 
 class UnitStats(NamedTuple):

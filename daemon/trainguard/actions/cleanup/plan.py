@@ -17,11 +17,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from trainguard.actions import walker
-from trainguard.actions.audit import AuditLog
-from trainguard.actions.guard import Root
-from trainguard.actions.report import Tally
-from trainguard.actions.safety import OpenFiles
+from trainguard.actions.cleanup import walker
+from trainguard.actions.cleanup.audit import AuditLog
+from trainguard.actions.cleanup.guard import Root
+from trainguard.actions.cleanup.report import Tally
+from trainguard.actions.cleanup.safety import OpenFiles
 
 
 @dataclass(frozen=True, slots=True)

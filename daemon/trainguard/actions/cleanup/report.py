@@ -10,7 +10,7 @@ from typing import Callable, Mapping
 from trainguard.records import Finding, Severity
 from trainguard.units import format_bytes
 
-log = logging.getLogger("trainguard.actions.cleanup")
+log = logging.getLogger("trainguard.actions.cleanup.runner")
 
 MAX_TOP_DIRS = 4096  # directories tallied for "top directories"; later ones count under "(other)"
 QUIET_REASONS = ("grace", "open", "busy-run", "excluded", "young", "kept", "not-mirrored")

@@ -12,13 +12,19 @@ import math
 import os
 from dataclasses import dataclass
 
-from trainguard.actions.report import Tally
-from trainguard.actions.safety import OpenedRoot, UnsafeRoot, mount_point_of, mounts_below, open_checked_root
+from trainguard.actions.cleanup.report import Tally
+from trainguard.actions.cleanup.safety import (
+    OpenedRoot,
+    UnsafeRoot,
+    mount_point_of,
+    mounts_below,
+    open_checked_root,
+)
 from trainguard.records import FsUsage
 from trainguard.sources.fs import usage_from_statvfs
 from trainguard.units import format_bytes, format_ratio
 
-log = logging.getLogger("trainguard.actions.cleanup")
+log = logging.getLogger("trainguard.actions.cleanup.runner")
 
 
 @dataclass(frozen=True, slots=True)

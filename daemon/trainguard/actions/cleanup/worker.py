@@ -14,8 +14,8 @@ import threading
 import time
 from typing import Callable, Sequence
 
-from trainguard.actions.audit import AuditLog
-from trainguard.actions.cleanup import (
+from trainguard.actions.cleanup.audit import AuditLog
+from trainguard.actions.cleanup.runner import (
     CleanupReport,
     CleanupRunner,
     Policy,
