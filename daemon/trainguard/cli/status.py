@@ -17,14 +17,22 @@ from trainguard.cli.common import (
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from trainguard.redact import scrub
-    from trainguard.surfaces import status
+    from trainguard.clock import SystemClock
+    from trainguard.sources.diskstats import DiskstatsSampler
 
     loaded = load(args)
     if loaded is None:
         return EXIT_CONFIG
     quiet_logging()
-    doc = status.build(loaded.config, state_dir=args.state_dir)
+    # I/O rates need two diskstats readings: the first now, the second after the imports, the state and
+    # the mount probes below, which take their time anyway; status never sleeps for a rate.
+    clock = SystemClock()
+    disks = DiskstatsSampler(clock=clock, proc_root=loaded.config.general.proc_root)
+    disks.sample()
+    from trainguard.redact import scrub
+    from trainguard.surfaces import status
+
+    doc = status.build(loaded.config, state_dir=args.state_dir, clock=clock, disks=disks)
     lang = loaded.config.notify.language
     if args.html:
         from trainguard.surfaces.status_page import render_page
