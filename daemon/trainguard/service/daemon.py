@@ -39,7 +39,8 @@ from trainguard.store.heartbeat import Heartbeat
 from trainguard.store.history import History
 from trainguard.store.state import StateDb, choose_state_dir
 from trainguard.store.writes import WriteHealth, unwritable_finding
-from trainguard.surfaces.exporter import MetricsServer, Readings
+from trainguard.surfaces.readings import Readings
+from trainguard.surfaces.server import MetricsServer
 
 log = logging.getLogger(__name__)
 
