@@ -12,6 +12,7 @@ _ = object()
 _.collect  # surfaces/exporter.py: prometheus_client calls a collector's collect() on each scrape
 _.log_message  # surfaces/pages.py: http.server's logging hook, overridden to stay quiet
 address_family  # surfaces/pages.py: socketserver reads it to bind IPv6 listeners
+daemon_threads  # surfaces/pages.py: socketserver.ThreadingMixIn reads it
 _.on_any_event  # sources/logwatch.py: watchdog's event handler
 _.msg  # redact.py: the logging.LogRecord field a filter rewrites
 _.socket_connect_timeout  # notify/apprise_sender.py: set on apprise's plugin objects
