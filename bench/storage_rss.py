@@ -7,8 +7,7 @@ on a free loopback port) and, at the same time, two references: a bare `python -
 only sleeps, and one that imports the daemon's modules and sleeps (the import floor).
 After a warm-up it reports each one's RSS, the daemon's CPU over the measured period as a
 share of one core, and the ratios. Targets: <= 36 MiB RSS, < 0.5 % of one core at 10 s.
-With --scrape-every the daemon's /metrics is scraped as Prometheus would (the client library
-loads at the first scrape); without it nobody scrapes.
+With --scrape-every the daemon's /metrics is scraped as Prometheus would; without it nobody scrapes.
 """
 
 from __future__ import annotations

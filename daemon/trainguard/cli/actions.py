@@ -5,13 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from trainguard.cli.common import (
-    EXIT_CONFIG,
-    EXIT_CRITICAL,
-    EXIT_OK,
-    load,
-    quiet_logging,
-)
+from trainguard.cli.common import EXIT_CONFIG, EXIT_CRITICAL, EXIT_OK, load
 
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
@@ -21,10 +15,9 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     from trainguard.store.state import StateDb, StateDirError, choose_state_dir
     from trainguard.units import format_bytes, format_duration
 
-    loaded = load(args)
+    loaded = load(args, quiet=True)
     if loaded is None:
         return EXIT_CONFIG
-    quiet_logging()
     policies = list(loaded.config.cleanup)
     if args.policy:
         chosen = [p for p in policies if p.name == args.policy]
@@ -75,10 +68,9 @@ def cmd_mirror(args: argparse.Namespace) -> int:
     from trainguard.store.state import StateDb, choose_state_dir
     from trainguard.units import format_bytes
 
-    loaded = load(args)
+    loaded = load(args, quiet=True)
     if loaded is None:
         return EXIT_CONFIG
-    quiet_logging()
     mirrors = list(loaded.config.mirror)
     chosen = [m for m in mirrors if m.name == args.name] if args.name else [m for m in mirrors if m.enabled]
     if args.name and not chosen:

@@ -8,13 +8,7 @@ import sys
 from typing import Sequence
 
 from trainguard import config as configmod
-from trainguard.cli.common import (
-    EXIT_CONFIG,
-    EXIT_CRITICAL,
-    EXIT_OK,
-    load,
-    quiet_logging,
-)
+from trainguard.cli.common import EXIT_CONFIG, EXIT_CRITICAL, EXIT_OK, load
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
@@ -63,10 +57,9 @@ def cmd_test_alert(args: argparse.Namespace) -> int:
     from trainguard.records import AlertEvent, AlertStatus, Finding, Severity
     from trainguard.redact import Redactor, redact_url
 
-    loaded = load(args)
+    loaded = load(args, quiet=True)
     if loaded is None:
         return EXIT_CONFIG
-    quiet_logging()
     cfg = loaded.config
     targets = cfg.notify.targets
     if args.target:

@@ -26,7 +26,10 @@ def quiet_logging() -> None:
     logging.basicConfig(level=logging.WARNING, format="trainguard: %(message)s")
 
 
-def load(args: argparse.Namespace) -> configmod.Loaded | None:
+def load(args: argparse.Namespace, *, quiet: bool = False) -> configmod.Loaded | None:
+    """The config, or None after one message on stderr. quiet: a one-off command's logging (see above)."""
+    if quiet:
+        quiet_logging()
     try:
         return configmod.load(getattr(args, "config", None))
     except configmod.ConfigError as exc:

@@ -7,23 +7,16 @@ import json
 import logging
 import sys
 
-from trainguard.cli.common import (
-    EXIT_CONFIG,
-    EXIT_CRITICAL,
-    EXIT_OK,
-    load,
-    quiet_logging,
-)
+from trainguard.cli.common import EXIT_CONFIG, EXIT_CRITICAL, EXIT_OK, load
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     from trainguard.clock import SystemClock
     from trainguard.sources.diskstats import DiskstatsSampler
 
-    loaded = load(args)
+    loaded = load(args, quiet=True)
     if loaded is None:
         return EXIT_CONFIG
-    quiet_logging()
     # I/O rates need two diskstats readings: the first now, the second after the imports, the state and
     # the mount probes below, which take their time anyway; status never sleeps for a rate.
     clock = SystemClock()
@@ -72,10 +65,9 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     from trainguard.records import Snapshot
     from trainguard.sources.samplers import gpu_sampler
 
-    loaded = load(args)
+    loaded = load(args, quiet=True)
     if loaded is None:
         return EXIT_CONFIG
-    quiet_logging()
     cfg = loaded.config
     sampler = gpu_sampler(cfg, SystemClock(), getattr(args, "nvml", None))
     if sampler is None:

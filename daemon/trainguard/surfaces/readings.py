@@ -1,7 +1,7 @@
 """What one cycle exposes on /metrics: built in the cycle, read by any number of scrapes.
 
-Kept apart from the exporter so the daemon builds it without loading prometheus_client, which the
-metrics server imports only when the first scrape arrives."""
+Kept apart from the exporter so the daemon builds it without loading prometheus_client, which only
+the metrics server imports, when it starts."""
 
 from __future__ import annotations
 
