@@ -5,7 +5,8 @@
 The daemon is built in this process (as bench/storage_cycle.py does) over real tmpfs mounts with
 6 h of history each, so every cycle fits a full forecast window, and 8 GPUs of the NVML fake
 with 4 processes each; the fake is Python, so its calls count against trainguard (an upper
-bound). Its CPU per cycle is process time over `--cycles` cycles, all threads included (the
+bound). The clock steps 10 s per cycle, so history grows as at the default interval, not at the
+rate cycles run back to back here. Its CPU per cycle is process time over `--cycles` cycles, all threads included (the
 diagnosis worker, the notify worker). The reference is Debian's node_exporter on this host,
 default collectors: the CPU time its process spends per /metrics scrape, read from
 /proc/<pid>/stat over `--scrapes` scrapes. Rounds alternate between the two, so both see the
@@ -35,6 +36,19 @@ from trainguard.clock import SystemClock  # noqa: E402
 from trainguard.service.daemon import Daemon  # noqa: E402
 
 
+class SteppedClock(SystemClock):
+    """Real time plus 10 s per cycle run: each cycle adds one point per series, as at a 10 s interval."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def time(self) -> float:
+        return super().time() + self.offset
+
+    def monotonic(self) -> float:
+        return super().monotonic() + self.offset
+
+
 class Quiet:
     def notify(self, events):
         pass
@@ -50,7 +64,7 @@ def build(points: list[str], gpus: int, state: str) -> Daemon:
     nvml = fake_pynvml.FakeNvml({"gpus": specs})
     cfg = configmod.parse({"filesystems": {"exclude": ["*"], "paths": points}, "gpu": {"py_spy": False},
                            "metrics": {"listen": ""}}, "bench")
-    clock = SystemClock()
+    clock = SteppedClock()
     d = Daemon(configmod.Loaded(cfg, "bench"), clock=clock, state_dir=state, notifiers=[Quiet()], nvml=nvml)
     now, size = clock.time(), 4 * 2**20
     for k in range(6 * 360, 0, -1):  # six hours at 10 s for every mount
@@ -62,6 +76,7 @@ def build(points: list[str], gpus: int, state: str) -> Daemon:
 def cycle_cpu(d: Daemon, cycles: int) -> float:
     c0 = time.process_time()
     for _ in range(cycles):
+        d.clock.offset += 10.0
         d.cycle()
     return (time.process_time() - c0) / cycles
 

@@ -33,6 +33,7 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=60.0, help="seconds measured after the warm-up")
     ap.add_argument("--interval", default="10s", help="general.interval")
     ap.add_argument("--warmup", type=float, default=15.0)
+    ap.add_argument("--metrics-off", action="store_true", help='metrics.listen = "" (no /metrics at all)')
     ap.add_argument("--scrape-every", type=float, default=0.0, help="seconds between /metrics scrapes (0: none)")
     args = ap.parse_args()
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "daemon"))
@@ -41,7 +42,8 @@ def main() -> int:
         cfg = os.path.join(tmp, "config.toml")
         with open(cfg, "w") as fh:
             port = free_port()
-            fh.write(f'[general]\ninterval = "{args.interval}"\n[metrics]\nlisten = "127.0.0.1:{port}"\n')
+            listen = "" if args.metrics_off else f"127.0.0.1:{port}"
+            fh.write(f'[general]\ninterval = "{args.interval}"\n[metrics]\nlisten = "{listen}"\n')
         sleep = f"import time; time.sleep({args.warmup + args.duration + 30})"
         procs = {
             "trainguard run": subprocess.Popen(
@@ -88,7 +90,7 @@ def main() -> int:
                     p.wait(5)
     bare, floor = final["bare python -c"], final["python + daemon imports"]
     print(f"steady state after {args.warmup:.0f} s warm-up, measured {args.duration:.0f} s, "
-          f"interval {args.interval}, {f'scraped every {args.scrape_every:g} s' if args.scrape_every else 'not scraped'}")
+          f"interval {args.interval}, {'metrics off' if args.metrics_off else f'scraped every {args.scrape_every:g} s' if args.scrape_every else 'not scraped'}")
     for name in procs:
         print(f"  {name:24s} RSS {final[name] / MiB:6.1f} MiB (peak {peak[name] / MiB:6.1f} MiB)")
     ours = final["trainguard run"]
