@@ -32,29 +32,8 @@ from _reference import cpu_seconds, start_node_exporter, stop  # noqa: E402
 from tests.gpu_support import GiB, fake_pynvml, gpu_spec  # noqa: E402
 from tests.support.mounts import tmpfs  # noqa: E402
 from trainguard import config as configmod  # noqa: E402
-from trainguard.clock import SystemClock  # noqa: E402
 from trainguard.service.daemon import Daemon  # noqa: E402
-
-
-class SteppedClock(SystemClock):
-    """Real time plus 10 s per cycle run: each cycle adds one point per series, as at a 10 s interval."""
-
-    def __init__(self) -> None:
-        self.offset = 0.0
-
-    def time(self) -> float:
-        return super().time() + self.offset
-
-    def monotonic(self) -> float:
-        return super().monotonic() + self.offset
-
-
-class Quiet:
-    def notify(self, events):
-        pass
-
-    def close(self):
-        pass
+from _daemon import Quiet, SteppedClock  # noqa: E402
 
 
 def build(points: list[str], gpus: int, state: str) -> Daemon:

@@ -2,7 +2,9 @@
 
     PYTHONPATH=daemon python bench/rss_cycles.py [--cycles 8640] [--every 720]
 
-Builds the daemon in this process with its embedded defaults (every real mount, metrics off) and
+Builds the daemon in this process with its embedded defaults but for the mounts (only / and the
+temporary state directory's: a FUSE mount another process is testing is never probed) and metrics
+(off), and
 runs cycles back to back while the clock steps 10 s per cycle, so the history fills its windows as
 a day at the default interval would. Prints RSS every `--every` cycles, against the RSS after the
 first cycle (the reference, same process): flat means the last rows stay within about 1 MiB of the
@@ -20,29 +22,10 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "daemon"))
 
 from trainguard import config as configmod  # noqa: E402
-from trainguard.clock import SystemClock  # noqa: E402
 from trainguard.service.daemon import Daemon  # noqa: E402
+from _daemon import Quiet, SteppedClock  # noqa: E402
 
 MiB = 2**20
-
-
-class SteppedClock(SystemClock):
-    def __init__(self) -> None:
-        self.offset = 0.0
-
-    def time(self) -> float:
-        return super().time() + self.offset
-
-    def monotonic(self) -> float:
-        return super().monotonic() + self.offset
-
-
-class Quiet:
-    def notify(self, events):
-        pass
-
-    def close(self):
-        pass
 
 
 def rss() -> float:
@@ -55,8 +38,9 @@ def main() -> int:
     ap.add_argument("--cycles", type=int, default=8640, help="default: 24 h at 10 s")
     ap.add_argument("--every", type=int, default=720)
     args = ap.parse_args()
-    cfg = configmod.parse({"metrics": {"listen": ""}, "gpu": {"enabled": False}}, "bench")
     with tempfile.TemporaryDirectory(prefix="tg-bench-") as tmp:
+        cfg = configmod.parse({"filesystems": {"exclude": ["*"], "paths": ["/", tmp]}, "metrics": {"listen": ""},
+                               "gpu": {"enabled": False}}, "bench")
         clock = SteppedClock()
         d = Daemon(configmod.Loaded(cfg, "bench"), clock=clock, state_dir=tmp, notifiers=[Quiet()])
         d.cycle()
