@@ -28,6 +28,7 @@ REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "daemon"))
 
+from _daemon import Quiet  # noqa: E402
 from trainguard import config as configmod  # noqa: E402
 from trainguard.clock import SystemClock  # noqa: E402
 from trainguard.records import Mount, MountKind  # noqa: E402
@@ -35,14 +36,6 @@ from trainguard.service.daemon import Daemon  # noqa: E402
 from trainguard.sources import mounts as mountinfo  # noqa: E402
 from trainguard.sources.fs import FsSampler, child_probe  # noqa: E402
 from trainguard.sources.samplers import Samplers  # noqa: E402
-
-
-class Quiet:
-    def notify(self, events):
-        pass
-
-    def close(self):
-        pass
 
 
 def cpu() -> float:

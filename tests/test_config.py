@@ -196,6 +196,15 @@ def test_env_overrides_nest_and_parse_json_lists(tmp_path):
     assert cfg.general.interval == 60
 
 
+def test_retired_sys_root_still_loads_with_a_warning(tmp_path, caplog):
+    """general.sys_root was never read; a config or a compose file that still sets it keeps working."""
+    path = write(tmp_path, "[general]\nsys_root = '/host/sys'\ninterval = '30s'\n")
+    for loaded in (config.load(str(path), {}), config.load(None, {"TRAINGUARD_GENERAL__SYS_ROOT": "/host/sys"})):
+        assert "sys_root" not in config.dump(loaded.config)["general"]
+    assert config.load(str(path), {}).config.general.interval == 30
+    assert "general.sys_root (TRAINGUARD_GENERAL__SYS_ROOT) is no longer used" in caplog.text
+
+
 def test_bad_env_override_is_reported_like_a_bad_key():
     with pytest.raises(ConfigError) as info:
         config.load(None, {"TRAINGUARD_FILESYSTEMS__CRITICAL": "900%", "TRAINGUARD_FILESYSTEMS__TYPO": "1"})

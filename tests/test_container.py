@@ -113,8 +113,7 @@ def test_entrypoint_with_image_and_compose_env_watches_host_mounts_through_host_
 
     env = {**image["env"], **{k: _interpolate(v) for k, v in service["environment"].items()}}
     # Container paths, moved to where this test keeps them; everything else as shipped.
-    moved = {"/host/proc": str(host_proc), "/host/sys": str(tmp_path / "host" / "sys"),
-             "/host/root": str(host_root), "/var/lib/trainguard": str(tmp_path / "state")}
+    moved = {"/host/proc": str(host_proc), "/host/root": str(host_root), "/var/lib/trainguard": str(tmp_path / "state")}
     env = {k: moved.get(v, v) for k, v in env.items()}
     assert env["TRAINGUARD_GENERAL__PROC_ROOT"] == str(host_proc)
     env["TRAINGUARD_METRICS__LISTEN"] = "127.0.0.1:0"

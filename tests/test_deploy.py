@@ -88,13 +88,48 @@ def test_rules_and_dashboard_only_use_metrics_the_daemon_exports():
     assert set(re.findall(r"\btrainguard:[a-z_:]+\b", exprs)) <= records
 
 
+# Each kind of finding a registered detector makes: the fleet rule that alerts on it from the metrics alone,
+# or why the fleet has none (the daemon's own alert still goes out).
+FLEET_RULES = {
+    "fs.usage": "TrainguardFilesystemAlmostFull",
+    "fs.inodes": "TrainguardInodesAlmostExhausted",
+    "fs.forecast": ("TrainguardFilesystemFilling", "TrainguardFilesystemFullSoon", "TrainguardFilesystemFullWithin6h"),
+    "fs.unresponsive": "TrainguardMountUnresponsive",
+    "fs.next_checkpoint": "TrainguardCheckpointWillNotFit",
+    "disk.saturated": "TrainguardDiskSaturated",
+    "gpu.stall": "TrainguardGpuStalled",
+    "gpu.xid": "TrainguardGpuXidCritical",
+    "gpu.throttle": "TrainguardGpuThrottled",
+    "mirror.lag": "TrainguardMirrorLagging",
+    "fs.error": None,  # statfs failing for another reason than a hang: one host's problem, no fleet-wide series
+    "fs.path_missing": None,  # a watched path that does not exist: a mistake in one host's config
+    "gpu.orphan": None,  # memory held by an exited or zombie process: one host's cleanup, in trainguard_findings
+    "log.match": None,  # a line in one run's log: the daemon's alert quotes it, a metric cannot
+}
+
+
+def detector_finding_kinds() -> dict[str, str]:
+    """kind -> file, for the findings made by the modules of the detector registry (and the registry's own
+    names that are kinds, such as log.match, whose key a helper builds)."""
+    from trainguard.detectors import DETECTORS
+
+    from tests.test_i18n import finding_kinds_in_code
+
+    files = {f.__module__.removeprefix("trainguard.").replace(".", "/") + ".py" for f in DETECTORS.values()}
+    kinds = {kind: path for kind, path in finding_kinds_in_code().items() if path in files}
+    return {**{name: "detectors" for name in DETECTORS if "." in name}, **kinds}
+
+
 def test_every_detector_has_a_fleet_rule():
+    kinds = detector_finding_kinds()
+    assert {"fs.usage", "fs.forecast", "gpu.stall", "mirror.lag"} <= set(kinds)  # the walk finds them
+    unmapped = {k: f for k, f in kinds.items() if k not in FLEET_RULES}
+    assert not unmapped, f"finding kinds with no fleet rule in FLEET_RULES (name one, or say why none): {unmapped}"
+    assert set(FLEET_RULES) <= set(kinds), f"FLEET_RULES names kinds no detector makes: {set(FLEET_RULES) - set(kinds)}"
     names = alerts()
-    for name in ("TrainguardFilesystemAlmostFull", "TrainguardFilesystemFilling", "TrainguardInodesAlmostExhausted",
-                 "TrainguardFilesystemFullSoon", "TrainguardFilesystemFullWithin6h", "TrainguardMountUnresponsive",
-                 "TrainguardDiskSaturated", "TrainguardGpuStalled", "TrainguardGpuXidCritical",
-                 "TrainguardGpuThrottled", "TrainguardMirrorLagging", "TrainguardCheckpointWillNotFit"):
-        assert name in names
+    for kind, rules in FLEET_RULES.items():
+        for rule in (rules,) if isinstance(rules, str) else rules or ():
+            assert rule in names, f"{kind}: no alert {rule} in {RULES.name}"
 
 
 def test_every_alert_has_for_severity_values_and_a_runbook_page_in_this_repository():

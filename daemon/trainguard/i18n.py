@@ -16,7 +16,6 @@ from typing import Callable
 
 DOMAIN = "trainguard"
 LOCALE_DIR = Path(__file__).resolve().parent / "locale"
-LANGUAGES = ("en", "zh")  # "en" is the source language: no catalog
 
 Gettext = Callable[[str], str]
 

@@ -234,7 +234,6 @@ class GpuSample:
     ts: float
     util_ratio: float | None = None  # mean GPU busy ratio since the previous sample (0..1)
     util_max_ratio: float | None = None  # highest driver sample in that window
-    mem_util_ratio: float | None = None
     memory_used_bytes: int | None = None
     memory_total_bytes: int | None = None
     temperature_c: float | None = None

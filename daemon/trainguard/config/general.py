@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import socket
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import field_validator
+from pydantic import field_validator, model_validator
 
 from trainguard.config.base import Strict
 from trainguard.config.types import Duration, PositiveDuration
@@ -15,12 +16,21 @@ class General(Strict):
     hostname: str = ""  # empty: the machine's host name
     state_dir: str = "/var/lib/trainguard"
     interval: PositiveDuration = 10.0
-    proc_root: str = "/proc"  # a sidecar points these at /host/proc, /host/sys
-    sys_root: str = "/sys"
+    proc_root: str = "/proc"  # a sidecar points it at /host/proc
     # Where the host's / is visible (a sidecar bind-mounts it at /host/root): statfs of a host
     # mount point goes through this prefix. Mount points in reports stay host paths.
     host_root: str = "/"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _retired_keys(cls, data: Any) -> Any:
+        """general.sys_root was never read (nothing under /sys is): an old config still loads, with a warning."""
+        if isinstance(data, dict) and "sys_root" in data:
+            logging.getLogger("trainguard.config").warning(
+                "general.sys_root (TRAINGUARD_GENERAL__SYS_ROOT) is no longer used and is ignored; remove it")
+            data = {k: v for k, v in data.items() if k != "sys_root"}
+        return data
 
     @property
     def host(self) -> str:

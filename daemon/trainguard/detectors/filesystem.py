@@ -47,56 +47,68 @@ def detect(inp) -> list[Finding]:
             hint="create it, or fix filesystems.paths in the config",
         ))
     for sample in inp.snapshot.filesystems:
-        mp = sample.mount.mount_point
-        if ignored(cfg, mp):
+        if ignored(cfg, sample.mount.mount_point):
             continue  # an override with ignore = true: the user wants no alerts for this mount
         labels = labels_for(sample)
-        if not sample.responsive:
-            stuck = max(inp.now, sample.ts) - sample.unresponsive_since if sample.unresponsive_since else 0.0
-            findings.append(Finding(
-                key=f"fs.unresponsive:{mp}", severity=Severity.CRITICAL,
-                summary=f"{mp} ({sample.mount.fstype}) is unresponsive: statfs has not returned for {format_duration(stuck)}",
-                details={"mountpoint": mp, "fstype": sample.mount.fstype, "source": sample.mount.source,
-                         "kind": sample.mount.kind.value, "stuck_seconds": round(stuck, 1)},
-                labels=labels, value=stuck, hint=HINT_UNRESPONSIVE,
-            ))
-            continue
-        if sample.permission_denied:
-            continue  # a non-root run cannot read it: said once in the log, never alerted
-        if sample.error:
-            findings.append(Finding(
-                key=f"fs.error:{mp}", severity=Severity.WARNING,
-                summary=f"{mp}: cannot read usage: {sample.error}",
-                details={"mountpoint": mp, "error": sample.error}, labels=labels,
-            ))
-            continue
-        usage = sample.usage
-        if usage is None:
-            continue
-        t = cfg.thresholds_for(mp)
-        key = f"fs.usage:{mp}"
-        level = _level(usage.used_ratio, t.warning, t.critical, cfg.hysteresis, inp.active.get(key))
+        unreadable = _unreadable(sample, inp.now, labels)
+        if unreadable is not None:
+            findings.append(unreadable)
+        elif sample.responsive and not sample.permission_denied and not sample.error and sample.usage is not None:
+            findings.extend(_usage(sample, inp, labels))
+    return findings
+
+
+def _unreadable(sample: FsSample, now: float, labels: dict[str, str]) -> Finding | None:
+    """A mount whose statfs hangs (critical) or fails (warning); a permission denied is said once in the
+    log by the sampler, never alerted."""
+    mp = sample.mount.mount_point
+    if not sample.responsive:
+        stuck = max(now, sample.ts) - sample.unresponsive_since if sample.unresponsive_since else 0.0
+        return Finding(
+            key=f"fs.unresponsive:{mp}", severity=Severity.CRITICAL,
+            summary=f"{mp} ({sample.mount.fstype}) is unresponsive: statfs has not returned for {format_duration(stuck)}",
+            details={"mountpoint": mp, "fstype": sample.mount.fstype, "source": sample.mount.source,
+                     "kind": sample.mount.kind.value, "stuck_seconds": round(stuck, 1)},
+            labels=labels, value=stuck, hint=HINT_UNRESPONSIVE,
+        )
+    if sample.error and not sample.permission_denied:
+        return Finding(
+            key=f"fs.error:{mp}", severity=Severity.WARNING,
+            summary=f"{mp}: cannot read usage: {sample.error}",
+            details={"mountpoint": mp, "error": sample.error}, labels=labels,
+        )
+    return None
+
+
+def _usage(sample: FsSample, inp, labels: dict[str, str]) -> list[Finding]:
+    """Space and inode thresholds of one readable mount, with hysteresis against the active alerts."""
+    cfg = inp.config.filesystems
+    mp, usage = sample.mount.mount_point, sample.usage
+    t = cfg.thresholds_for(mp)
+    findings = []
+    key = f"fs.usage:{mp}"
+    level = _level(usage.used_ratio, t.warning, t.critical, cfg.hysteresis, inp.active.get(key))
+    if level is not None:
+        threshold = t.critical if level is Severity.CRITICAL else t.warning
+        findings.append(Finding(
+            key=key, severity=level,
+            summary=f"{mp} {format_ratio(usage.used_ratio)} full, {format_bytes(usage.avail_bytes)} free",
+            details={"mountpoint": mp, "fstype": sample.mount.fstype, "used_bytes": usage.used_bytes,
+                     "avail_bytes": usage.avail_bytes, "size_bytes": usage.size_bytes,
+                     "used_ratio": round(usage.used_ratio, 4)},
+            labels=labels, value=usage.used_ratio, threshold=threshold, for_s=cfg.for_, hint=HINT_FULL,
+        ))
+    inode_ratio = usage.inodes_used_ratio
+    key = f"fs.inodes:{mp}"
+    if inode_ratio is not None:
+        level = _level(inode_ratio, t.inodes_warning, t.inodes_critical, cfg.hysteresis, inp.active.get(key))
         if level is not None:
-            threshold = t.critical if level is Severity.CRITICAL else t.warning
+            threshold = t.inodes_critical if level is Severity.CRITICAL else t.inodes_warning
             findings.append(Finding(
                 key=key, severity=level,
-                summary=f"{mp} {format_ratio(usage.used_ratio)} full, {format_bytes(usage.avail_bytes)} free",
-                details={"mountpoint": mp, "fstype": sample.mount.fstype, "used_bytes": usage.used_bytes,
-                         "avail_bytes": usage.avail_bytes, "size_bytes": usage.size_bytes,
-                         "used_ratio": round(usage.used_ratio, 4)},
-                labels=labels, value=usage.used_ratio, threshold=threshold, for_s=cfg.for_, hint=HINT_FULL,
+                summary=f"{mp} inodes {format_ratio(inode_ratio)} used, {usage.inodes_free} free",
+                details={"mountpoint": mp, "inodes_used": usage.inodes_used, "inodes_free": usage.inodes_free,
+                         "inodes_total": usage.inodes_total},
+                labels=labels, value=inode_ratio, threshold=threshold, for_s=cfg.for_, hint=HINT_INODES,
             ))
-        inode_ratio = usage.inodes_used_ratio
-        key = f"fs.inodes:{mp}"
-        if inode_ratio is not None:
-            level = _level(inode_ratio, t.inodes_warning, t.inodes_critical, cfg.hysteresis, inp.active.get(key))
-            if level is not None:
-                threshold = t.inodes_critical if level is Severity.CRITICAL else t.inodes_warning
-                findings.append(Finding(
-                    key=key, severity=level,
-                    summary=f"{mp} inodes {format_ratio(inode_ratio)} used, {usage.inodes_free} free",
-                    details={"mountpoint": mp, "inodes_used": usage.inodes_used, "inodes_free": usage.inodes_free,
-                             "inodes_total": usage.inodes_total},
-                    labels=labels, value=inode_ratio, threshold=threshold, for_s=cfg.for_, hint=HINT_INODES,
-                ))
     return findings

@@ -47,7 +47,7 @@ CREATE INDEX IF NOT EXISTS outbox_due ON outbox (state, target, next_try);
 CREATE TABLE IF NOT EXISTS outbox_counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 """
 
-PENDING, DELIVERED, FAILED = "pending", "delivered", "failed"
+PENDING = "pending"  # then "delivered" or "failed", set in the SQL below
 KEEP_DELIVERED = 24 * 3600.0  # delivered rows are kept for the "last 24 h" figure of `trainguard status`
 KEEP_FAILED = 7 * 86400.0
 

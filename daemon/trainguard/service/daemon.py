@@ -12,7 +12,7 @@ import os
 import signal
 import threading
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import Sequence
 
 from trainguard import config as configmod
 from trainguard.actions.cleanup.audit import freed_totals
@@ -21,66 +21,30 @@ from trainguard.alerts.lifecycle import Lifecycle
 from trainguard.clock import Clock, SystemClock
 from trainguard.detectors import DetectorInput, evaluate
 from trainguard.detectors.series import series_of
-from trainguard.diagnosis.stall import StallDiagnoser
 from trainguard.notify import LogNotifier, Notifier
 from trainguard.notify.outbox import failed_attempts
 from trainguard.notify.worker import OutboxNotifier
-from trainguard.records import (
-    AlertEvent,
-    AlertStatus,
-    Finding,
-    Snapshot,
-)
+from trainguard.records import AlertEvent, AlertStatus, Finding
+from trainguard.service.results import CycleResult, fill_etas, status_line
 from trainguard.service.sdnotify import SdNotifier
+from trainguard.service.wiring import (
+    CleanupNotes,
+    configure_outbox,
+    make_diagnoser,
+    start_cleanup,
+    start_mirror,
+)
 from trainguard.sources.samplers import Samplers
 from trainguard.store.heartbeat import Heartbeat
 from trainguard.store.history import History
 from trainguard.store.state import StateDb, choose_state_dir
 from trainguard.store.writes import WriteHealth, unwritable_finding
-from trainguard.surfaces.exporter import MetricsServer, Readings
-
-if TYPE_CHECKING:
-    from trainguard.actions.cleanup.worker import CleanupWorker
-    from trainguard.actions.mirror.worker import MirrorWorker
+from trainguard.surfaces.readings import Readings
+from trainguard.surfaces.server import MetricsServer
 
 log = logging.getLogger(__name__)
 
 COMPACT_EVERY = 3600.0  # seconds between history roll-ups
-CLEANUP_NOTE_FOR = 6 * 3600.0  # a threshold alert mentions a cleanup on its mount for this long
-
-
-def fill_etas(inp: DetectorInput) -> dict[str, float]:
-    """Seconds to full per filling mount: the forecast detector's own fits, not fitted again."""
-    etas: dict[str, float] = {}
-    if not inp.config.forecast.enabled:
-        return etas
-    for s in inp.snapshot.filesystems:
-        trend = inp.trend(s)
-        if trend is not None and trend.eta is not None:
-            etas[s.mount.mount_point] = trend.eta
-    return etas
-
-
-def status_line(snapshot: Snapshot, firing: int) -> str:
-    """The one line systemctl status shows: "3 mounts, 2 GPUs, 1 firing"."""
-    mounts = len(snapshot.filesystems)
-    parts = [f"{mounts} mount{'s' if mounts != 1 else ''}"]
-    stuck = sum(1 for s in snapshot.filesystems if not s.responsive)
-    if stuck:
-        parts[0] += f" ({stuck} unresponsive)"
-    gpus = len(snapshot.gpus)
-    parts.append(f"{gpus} GPU{'s' if gpus != 1 else ''}")
-    parts.append(f"{firing} firing")
-    return ", ".join(parts)
-
-
-@dataclass(frozen=True, slots=True)
-class CycleResult:
-    snapshot: Snapshot
-    findings: tuple[Finding, ...]
-    events: tuple[AlertEvent, ...]
-    duration_s: float
-    fill_eta: Mapping[str, float] = field(default_factory=dict)  # mount point -> seconds to full
 
 
 @dataclass
@@ -95,6 +59,10 @@ class Daemon:
 
     def __post_init__(self) -> None:
         cfg = self.config
+        if cfg.metrics.address is not None:
+            # prometheus_client only with metrics on, and before the state is built: loaded after it,
+            # the same modules measured 0.5 MiB more RSS (bench/storage_rss.py --scrape-every 15).
+            import trainguard.surfaces.exporter  # noqa: F401
         self.state_dir = choose_state_dir(self.state_dir or cfg.general.state_dir)
         self.db = StateDb(self.state_dir)
         # A state db that cannot be written (its disk is full) degrades the cycle, never stops it.
@@ -106,12 +74,12 @@ class Daemon:
         self.heartbeat = Heartbeat(self.db.connect(), os.getpid())
         self.guard_inbox = GuardInbox(self.state_dir, self.db.connect, clock=self.clock.time)  # trainguard.guard's events
         self.samplers = Samplers.from_config(cfg, self.clock, nvml=self.nvml, follow_logs=True)
-        self.diagnoser = self._make_diagnoser(cfg)
+        self.diagnoser = make_diagnoser(cfg, self.clock)
         if self.notifiers is not None:
             self.notifiers = list(self.notifiers)
         else:
             self.notifiers = [LogNotifier()]
-            self._configure_outbox(cfg)
+            configure_outbox(self.notifiers, cfg, self.db, self.clock, self.writes)
         self.latest: CycleResult | None = None
         # Swapped as a whole each cycle: a scrape reads one consistent, immutable reference.
         self.readings: Readings | None = None
@@ -120,9 +88,9 @@ class Daemon:
         self.stop_event = threading.Event()
         self.reload_event = threading.Event()
         self._last_compact = float("-inf")  # compact on the first cycle: a daemon restarted often still does
-        self.cleanup_notes: dict[str, tuple[float, str]] = {}  # mount -> (when, what cleanup did there)
-        self.cleanup = self._start_cleanup(cfg)
-        self.mirror = self._start_mirror(cfg)
+        self.cleanup_notes = CleanupNotes()
+        self.cleanup = start_cleanup(cfg, self.db.connect, self.clock)
+        self.mirror = start_mirror(cfg, self.db.connect, self.clock)
 
     @property
     def config(self) -> configmod.Config:
@@ -147,7 +115,8 @@ class Daemon:
         # its diagnosis at most the diagnoser's deadline.
         self.diagnoser.observe(snapshot)
         findings = self.diagnoser.enrich(findings, snapshot, now) + self.diagnoser.placement(snapshot, now)
-        events = self._with_cleanup(self.lifecycle.update(findings, now), now)
+        reports = self.cleanup.drain() if self.cleanup is not None else []
+        events = self.cleanup_notes.join(self.lifecycle.update(findings, now), reports, now)
         events += [AlertEvent(AlertStatus.FIRING, f, started_at=now, ts=now) for f in self.guard_inbox.drain()]
         events += self._late_diagnoses(findings, events, now)
         for notifier in self.notifiers:
@@ -164,51 +133,6 @@ class Daemon:
         if not self.one_shot:
             self.writes.attempt("heartbeat", self.heartbeat.beat, self.readings.ts, self.status_line())
         return self.latest
-
-    def _make_diagnoser(self, cfg: configmod.Config) -> StallDiagnoser:
-        return StallDiagnoser(cfg.general.proc_root, window=cfg.gpu.for_, py_spy=cfg.gpu.py_spy, clock=self.clock.time)
-
-    def _start_cleanup(self, cfg: configmod.Config) -> CleanupWorker | None:
-        policies = [p for p in cfg.cleanup if p.enabled]
-        if not policies:
-            return None
-        # Loaded only when a policy is on: a daemon that never cleans up need not carry the walker and policies.
-        from trainguard.actions.cleanup.worker import CleanupWorker, make_runner_factory
-
-        worker = CleanupWorker(make_runner_factory(policies, self.db.connect, cfg.general.proc_root, cfg.mirror),
-                               clock=self.clock.time)
-        worker.start()
-        return worker
-
-    def _start_mirror(self, cfg: configmod.Config) -> MirrorWorker | None:
-        mirrors = [m for m in cfg.mirror if m.enabled]
-        if not mirrors:
-            return None
-        from trainguard.actions.mirror.worker import (
-            MirrorWorker,  # only a daemon that mirrors carries it
-        )
-
-        worker = MirrorWorker(mirrors, self.db.connect, self.clock)
-        worker.start()
-        return worker
-
-    def _with_cleanup(self, events: list[AlertEvent], now: float) -> list[AlertEvent]:
-        """Cleanup results are one-shot messages (no pending/resolved), and a threshold alert on
-        the same mount says what cleanup already did there."""
-        out = list(events)
-        if self.cleanup is not None:
-            for finding in self.cleanup.drain():
-                out.append(AlertEvent(AlertStatus.FIRING, finding, started_at=now, ts=now))
-                mount = finding.labels.get("mountpoint")
-                if mount and finding.key.startswith("cleanup.report:"):
-                    self.cleanup_notes[mount] = (now, finding.summary)
-        self.cleanup_notes = {m: n for m, n in self.cleanup_notes.items() if now - n[0] < CLEANUP_NOTE_FOR}
-        for i, event in enumerate(out):
-            mount = event.finding.labels.get("mountpoint")
-            if mount in self.cleanup_notes and event.finding.key.startswith("fs."):
-                details = {**event.finding.details, "action_taken": self.cleanup_notes[mount][1]}
-                out[i] = replace(event, finding=replace(event.finding, details=details))
-        return out
 
     def _late_diagnoses(self, findings: Sequence[Finding], events: Sequence[AlertEvent], now: float) -> list[AlertEvent]:
         """A stall alert that went out before its diagnosis was in is sent again once the diagnosis is."""
@@ -293,16 +217,16 @@ class Daemon:
         self.samplers.close()
         self.samplers = Samplers.from_config(cfg, self.clock, nvml=self.nvml, follow_logs=True)
         self.diagnoser.close()
-        self.diagnoser = self._make_diagnoser(cfg)
+        self.diagnoser = make_diagnoser(cfg, self.clock)
         self.lifecycle.configure(repeat_interval=cfg.alerts.repeat_interval,
                                  keep_firing_for=cfg.alerts.keep_firing_for)
         if self.cleanup is not None:
             self.cleanup.stop()
-        self.cleanup = self._start_cleanup(cfg)
+        self.cleanup = start_cleanup(cfg, self.db.connect, self.clock)
         if self.mirror is not None:
             self.mirror.stop()
-        self.mirror = self._start_mirror(cfg)
-        self._configure_outbox(cfg)
+        self.mirror = start_mirror(cfg, self.db.connect, self.clock)
+        configure_outbox(self.notifiers, cfg, self.db, self.clock, self.writes)
         log.info("configuration reloaded from %s", new.source)
         return True
 
@@ -312,15 +236,6 @@ class Daemon:
         if cfg.gpu.enabled and cfg.gpu.interval:
             return min(cfg.general.interval, cfg.gpu.interval)
         return cfg.general.interval
-
-    def _configure_outbox(self, cfg: configmod.Config) -> None:
-        """Alert delivery through the outbox, when notify targets are configured (apprise loads on first send)."""
-        outbox = next((n for n in self.notifiers if isinstance(n, OutboxNotifier)), None)
-        if outbox is not None:
-            outbox.configure(cfg.notify, cfg.general.host)
-        elif cfg.notify.targets:
-            self.notifiers.append(OutboxNotifier(self.db, cfg.notify, cfg.general.host, clock=self.clock,
-                                                 writes=self.writes))
 
     def run(self) -> None:
         """Cycle every interval until stop_event is set. Ticks are on the monotonic clock."""

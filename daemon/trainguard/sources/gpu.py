@@ -259,7 +259,7 @@ class GpuSampler:
                                          q("minor_number", "nvmlDeviceGetMinorNumber", handle))
             uuid, name, minor = self._identity[index]
             used, total = self._memory(q, handle)
-            util, util_max, mem_util = self._utilisation(q, index, handle)
+            util, util_max = self._utilisation(q, index, handle)
             temperature = q("temperature", "nvmlDeviceGetTemperature", handle, getattr(nvml, "NVML_TEMPERATURE_GPU", 0))
             power_mw = q("power", "nvmlDeviceGetPowerUsage", handle)
             limit_mw = q("power_limit", "nvmlDeviceGetEnforcedPowerLimit", handle)
@@ -275,7 +275,7 @@ class GpuSampler:
         self._lost_retry.pop(index, None)
         return GpuSample(
             index=index, uuid=uuid, name=name, ts=now,
-            util_ratio=util, util_max_ratio=util_max, mem_util_ratio=mem_util,
+            util_ratio=util, util_max_ratio=util_max,
             memory_used_bytes=used, memory_total_bytes=total,
             temperature_c=float(temperature) if temperature is not None else None,
             power_w=power_mw / 1000 if power_mw is not None else None,
@@ -302,7 +302,7 @@ class GpuSampler:
             return None, None
         return int(info.used), int(info.total)
 
-    def _utilisation(self, q: Query, index: int, handle: Any) -> tuple[float | None, float | None, float | None]:
+    def _utilisation(self, q: Query, index: int, handle: Any) -> tuple[float | None, float | None]:
         """Mean and max of the driver's own utilisation samples since the last call.
 
         The driver samples utilisation several times a second; reading its buffer means a
@@ -328,13 +328,12 @@ class GpuSampler:
                     self._absent.add((index, "samples"))
                 elif code(exc) != NOT_FOUND:  # NOT_FOUND: no new samples since `last`
                     q.errors["samples"] = str(exc)
-        rates = q("utilization", "nvmlDeviceGetUtilizationRates", handle)
-        mem_util = rates.memory / 100 if rates is not None else None
         if values:
-            return sum(values) / len(values) / 100, max(values) / 100, mem_util
+            return sum(values) / len(values) / 100, max(values) / 100
+        rates = q("utilization", "nvmlDeviceGetUtilizationRates", handle)
         if rates is not None:
-            return rates.gpu / 100, rates.gpu / 100, mem_util
-        return None, None, mem_util
+            return rates.gpu / 100, rates.gpu / 100
+        return None, None
 
     def _processes(self, infos: list[Any]) -> tuple[GpuProcess, ...]:
         by_pid: dict[int, int | None] = {}

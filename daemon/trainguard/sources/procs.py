@@ -55,8 +55,6 @@ class IoCounters:
     wchar: int
     read_bytes: int
     write_bytes: int
-    syscr: int
-    syscw: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +83,6 @@ class ProcessInfo:
     name: str
     state: str
     cmdline: tuple[str, ...]
-    ns_pids: tuple[int, ...]  # NSpid: outermost visible namespace first
     container_id: str | None
     threads: tuple[ThreadInfo, ...]
     io: IoCounters | None
@@ -129,8 +126,7 @@ def parse_io(text: str) -> IoCounters | None:
             except ValueError:
                 pass
     try:
-        return IoCounters(values["rchar"], values["wchar"], values["read_bytes"], values["write_bytes"],
-                          values["syscr"], values["syscw"])
+        return IoCounters(values["rchar"], values["wchar"], values["read_bytes"], values["write_bytes"])
     except KeyError:
         return None
 
@@ -274,7 +270,6 @@ def inspect_process(proc_root: str, pid: int, machine: str | None = None) -> Pro
         name=status.get("Name", ""),
         state=(status.get("State", "?") or "?")[:1],
         cmdline=read_cmdline(proc_root, pid),
-        ns_pids=tuple(int(v) for v in status.get("NSpid", "").split() if v.isdigit()),
         container_id=container_id(_read(f"{proc_root}/{pid}/cgroup") or ""),
         threads=read_threads(proc_root, pid, machine),
         io=read_io(proc_root, pid),

@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import logging
 import platform
-import threading
-from dataclasses import dataclass, field
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Iterator
 
-from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.exposition import start_wsgi_server
 
 from trainguard import __version__
-from trainguard.records import Finding, Severity, Snapshot
+from trainguard.records import Finding, Severity
 from trainguard.surfaces.gpu_metrics import gpu_families, gpu_stalls
+from trainguard.surfaces.readings import Readings
+from trainguard.surfaces.server import MetricsServer
 
 __all__ = ["MetricsServer", "Readings", "ReadingsCollector", "finding_counts", "gpu_stalls"]
 
@@ -32,20 +30,6 @@ log = logging.getLogger(__name__)
 
 FS_LABELS = ("mountpoint", "fstype", "device")
 FINDING_LABELS = ("kind", "severity", "mountpoint", "device", "gpu", "mirror")
-
-
-@dataclass(frozen=True, slots=True)
-class Readings:
-    """What one cycle exposes. Built in the cycle, read by any number of scrapes."""
-
-    snapshot: Snapshot
-    ts: float  # wall time the cycle finished
-    cycle_duration_s: float
-    fill_eta: Mapping[str, float] = field(default_factory=dict)  # mountpoint -> seconds to full (filling only)
-    firing: Mapping[str, int] = field(default_factory=dict)  # severity -> alerts firing
-    findings: tuple[Finding, ...] = ()
-    cleanup_freed: Mapping[str, int] | None = None  # policy -> bytes freed since install; None: no cleanup
-    notify_failures: Mapping[str, int] | None = None  # target -> failed deliveries; None: no outbox
 
 
 def finding_counts(findings: tuple[Finding, ...]) -> dict[tuple[str, ...], int]:
@@ -203,43 +187,3 @@ class ReadingsCollector:
             copied.add_metric((m.name,), m.bytes_total)
             errors.add_metric((m.name,), m.errors_total)
         yield from (lag, copied, errors)
-
-
-class MetricsServer:
-    """The /metrics HTTP endpoint in its own threads; start() binds, stop() releases the port."""
-
-    def __init__(self, source: Callable[[], Readings | None], address: tuple[str, int], *,
-                 registry: CollectorRegistry | None = None, pages: Mapping[str, Callable[[], str]] | None = None):
-        self.address = address
-        self.pages = dict(pages or {})  # path -> HTML (surfaces/pages.py), e.g. the daemon's /status
-        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=False)
-        self.registry.register(ReadingsCollector(source))
-        self._httpd = None
-        self._thread: threading.Thread | None = None
-
-    @property
-    def port(self) -> int:
-        """The bound port (useful with port 0 in tests)."""
-        return self._httpd.server_address[1] if self._httpd is not None else self.address[1]
-
-    def start(self) -> None:
-        host, port = self.address
-        if self.pages:
-            from prometheus_client import make_wsgi_app
-
-            from trainguard.surfaces.pages import serve, with_pages
-
-            self._httpd, self._thread = serve(host, port, with_pages(make_wsgi_app(self.registry), self.pages))
-        else:
-            self._httpd, self._thread = start_wsgi_server(port, addr=host, registry=self.registry)
-        self._thread.name = "metrics-http"
-        log.info("serving metrics on http://%s:%d/metrics", f"[{host}]" if ":" in host else host, self.port)
-
-    def stop(self) -> None:
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
-            self._httpd = None
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None

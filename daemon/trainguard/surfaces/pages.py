@@ -8,13 +8,18 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+from socketserver import ThreadingMixIn
 from typing import Any, Callable, Iterable, Mapping
-from wsgiref.simple_server import WSGIRequestHandler, make_server
-
-from prometheus_client.exposition import ThreadingWSGIServer
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 log = logging.getLogger(__name__)
 Page = Callable[[], str]
+
+
+class ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
+    """One thread per request, none of them holding up the daemon's exit."""
+
+    daemon_threads = True
 
 
 class _Quiet(WSGIRequestHandler):

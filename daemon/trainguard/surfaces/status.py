@@ -7,7 +7,6 @@ for people and may change.
 from __future__ import annotations
 
 import sqlite3
-import time
 from dataclasses import replace
 from typing import Any, Sequence
 
@@ -19,13 +18,13 @@ from trainguard.detectors import DetectorInput, evaluate
 from trainguard.detectors.series import series_of
 from trainguard.diagnosis.stall import StallDiagnoser
 from trainguard.records import Finding, FsSample, GpuSample, Severity, Snapshot
+from trainguard.sources.diskstats import DiskstatsSampler
 from trainguard.sources.samplers import Samplers
 from trainguard.store import heartbeat, state
 from trainguard.store.history import History
 from trainguard.units import format_iso_utc
 
 SCHEMA_VERSION = 1
-DISK_SAMPLE_GAP = 0.5  # seconds between the two diskstats readings a rate needs
 
 
 def finding_doc(f: Finding) -> dict[str, Any]:
@@ -169,8 +168,14 @@ def _thresholds(cfg: configmod.Config, mount_point: str) -> dict[str, float]:
 
 
 def build(cfg: configmod.Config, *, state_dir: str | None = None, clock: Clock | None = None,
-          nvml: Any = None) -> dict[str, Any]:
+          nvml: Any = None, disks: DiskstatsSampler | None = None) -> dict[str, Any]:
+    """Sample now and report. I/O rates need two diskstats readings: `disks` is a sampler the caller
+    read once already (before its imports); without one the first reading is taken here, before the
+    state is loaded and the mounts probed. The work in between is the window; nothing sleeps for it."""
     clock = clock or SystemClock()
+    if disks is None:
+        disks = DiskstatsSampler(clock=clock, proc_root=cfg.general.proc_root)
+        disks.sample()
     state_dir = state_dir or cfg.general.state_dir
     conn = state.read_only(state_dir)
     if conn is None and state_dir == cfg.general.state_dir and state.read_only(state.fallback_state_dir()):
@@ -185,8 +190,7 @@ def build(cfg: configmod.Config, *, state_dir: str | None = None, clock: Clock |
         alert_states = alerts.load_states(conn)
     samplers = Samplers.from_config(cfg, clock, nvml=nvml)
     samplers.fs.wait = cfg.filesystems.probe_timeout  # a one-off may wait for slow mounts, up to the timeout
-    samplers.disks.sample()
-    time.sleep(DISK_SAMPLE_GAP)
+    samplers.disks = disks
     now = clock.time()
     snapshot = with_mirrors(samplers.sample(now), cfg, conn)
     history.record(now, series_of(snapshot))
@@ -214,16 +218,21 @@ def build(cfg: configmod.Config, *, state_dir: str | None = None, clock: Clock |
         "findings": [finding_doc(f) for f in sorted(findings, key=lambda f: (-f.severity.rank, f.key))],
         "alerts": [alert_doc(s) for s in sorted(alert_states, key=lambda s: s.key)],
     }
-    doc["cleanup"] = [
-        {"policy": f.policy, "freed_bytes_24h": f.bytes_24h, "freed_files_24h": f.files_24h,
-         "freed_bytes_total": f.bytes_total, "freed_files_total": f.files_total, "last_run": format_iso_utc(f.last_run)}
-        for f in (read_freed(conn, now) if conn is not None else [])
-    ]
+    doc["cleanup"] = cleanup_doc(conn, now)
     doc["outbox"] = outbox_doc(conn, cfg, now)
     doc["mirrors"] = mirrors_doc(snapshot, cfg, now)
     if conn is not None:
         conn.close()
     return doc
+
+
+def cleanup_doc(conn: sqlite3.Connection | None, now: float) -> list[dict[str, Any]]:
+    """What each cleanup policy freed, from its audit log."""
+    return [
+        {"policy": f.policy, "freed_bytes_24h": f.bytes_24h, "freed_files_24h": f.files_24h,
+         "freed_bytes_total": f.bytes_total, "freed_files_total": f.files_total, "last_run": format_iso_utc(f.last_run)}
+        for f in (read_freed(conn, now) if conn is not None else [])
+    ]
 
 
 def daemon_doc(info: heartbeat.DaemonInfo, state_dir: str, now: float) -> dict[str, Any]:

@@ -14,7 +14,6 @@ import fnmatch
 import math
 import os
 import re
-import stat
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
@@ -48,7 +47,7 @@ def matches_any_part(relpath: str, globs: Sequence[str]) -> bool:
 class GlobSet:
     """Globs compiled into one regex each for names and for relative paths: one match call per entry."""
 
-    __slots__ = ("name_match", "path_match", "everything", "empty")
+    __slots__ = ("name_match", "path_match", "everything")
 
     def __init__(self, globs: Sequence[str]):
         names = [g for g in globs if "/" not in g]
@@ -57,7 +56,6 @@ class GlobSet:
         self.name_match = re.compile("|".join(fnmatch.translate(g) for g in names)).match if names else None
         self.path_match = re.compile("|".join(fnmatch.translate(g) for g in paths)).match if paths else None
         self.everything = "*" in names
-        self.empty = not globs
 
     def __call__(self, name: str, relpath: str) -> bool:
         if self.everything:
@@ -189,11 +187,6 @@ def age_timestamp(st: os.stat_result, age_by: Sequence[str]) -> float:
     for field in age_by:
         ts = max(ts, getattr(st, "st_" + field))
     return ts
-
-
-def is_deletable_type(st: os.stat_result) -> bool:
-    """Regular files and symlinks (the link itself); never sockets, FIFOs or devices."""
-    return stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)
 
 
 @dataclass(frozen=True, slots=True)

@@ -133,13 +133,7 @@ def walk(
     # Stack of (fd, iterator, relative prefix, the entry for this dir or None for the root).
     stack: list[tuple[int, Iterator[os.DirEntry[str]], str, Entry | None]] = []
 
-    def problem(path: str, exc: OSError) -> None:
-        reason = classify_error(exc)
-        if on_problem is not None:
-            on_problem(WalkProblem(path, reason, exc.strerror or str(exc)))
-        else:
-            log.warning("cleanup walk: skipping %s (%s: %s)", path, reason, exc.strerror or exc)
-
+    problem = _reporter(on_problem)
     try:
         first = os.dup(root_fd)
         try:
@@ -162,34 +156,61 @@ def walk(
                     # The parent's fd is the new top of the stack; rmdir relative to it is safe.
                     yield here._replace(dir_fd=stack[-1][0], post=True)
                 continue
-            name = dirent.name
-            path = prefix + name
-            if path in prune_paths:
+            entry = _listed_entry(fd, prefix, dirent, dev, prune_paths, problem)
+            if entry is None:
                 continue
-            try:
-                st = dirent.stat(follow_symlinks=False)
-            except OSError as exc:
-                problem(path, exc)
-                continue
-            if st.st_dev != dev:
-                problem(path, OSError(errno.EXDEV, "on another filesystem"))
-                continue
-            is_dir = stat.S_ISDIR(st.st_mode)
-            entry = Entry(fd, name, path, st, is_dir)
             yield entry
-            if not is_dir or (descend is not None and not descend(entry)):
+            if not entry.is_dir or (descend is not None and not descend(entry)):
                 continue
-            if hook is not None:
-                hook("open_dir", path)
-            try:
-                child, _cst, child_it = open_subdir(fd, name, st, dev, mnt)
-            except OSError as exc:
-                problem(path, exc)
-                continue
-            stack.append((child, child_it, path + "/", entry))
+            opened = _enter(entry, dev, mnt, hook, problem)
+            if opened is not None:
+                stack.append((*opened, entry.path + "/", entry))
     finally:
         for fd, it, _prefix, _here in reversed(stack):
             _close(fd, it)
+
+
+def _reporter(on_problem: Callable[[WalkProblem], None] | None) -> Callable[[str, OSError], None]:
+    """Where the walk reports an entry it skips: the caller's callback, else one warning line."""
+
+    def problem(path: str, exc: OSError) -> None:
+        reason = classify_error(exc)
+        if on_problem is not None:
+            on_problem(WalkProblem(path, reason, exc.strerror or str(exc)))
+        else:
+            log.warning("cleanup walk: skipping %s (%s: %s)", path, reason, exc.strerror or exc)
+
+    return problem
+
+
+def _listed_entry(fd: int, prefix: str, dirent: os.DirEntry[str], dev: int, prune_paths: frozenset[str],
+                  problem: Callable[[str, OSError], None]) -> Entry | None:
+    """The entry for one listed name (its lstat), or None when it is pruned, gone, or on another filesystem."""
+    path = prefix + dirent.name
+    if path in prune_paths:
+        return None
+    try:
+        st = dirent.stat(follow_symlinks=False)
+    except OSError as exc:
+        problem(path, exc)
+        return None
+    if st.st_dev != dev:
+        problem(path, OSError(errno.EXDEV, "on another filesystem"))
+        return None
+    return Entry(fd, dirent.name, path, st, stat.S_ISDIR(st.st_mode))
+
+
+def _enter(entry: Entry, dev: int, mnt: int | None, hook: Hook | None,
+           problem: Callable[[str, OSError], None]) -> tuple[int, Iterator[os.DirEntry[str]]] | None:
+    """Open a directory the walk descends into (fd and listing), or report why not and give None."""
+    if hook is not None:
+        hook("open_dir", entry.path)
+    try:
+        child, _cst, child_it = open_subdir(entry.dir_fd, entry.name, entry.st, dev, mnt)
+    except OSError as exc:
+        problem(entry.path, exc)
+        return None
+    return child, child_it
 
 
 def open_subdir(parent_fd: int, name: str, listed: os.stat_result, dev: int,

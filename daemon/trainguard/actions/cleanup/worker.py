@@ -98,7 +98,6 @@ class CleanupWorker:
         self._lock = threading.Lock()
         self._findings: collections.deque[Finding] = collections.deque(maxlen=1000)
         self.reports: collections.deque[CleanupReport] = collections.deque(maxlen=100)
-        self.busy_since: float | None = None  # wall time the current run began
         self._thread = threading.Thread(target=self._loop, name="trainguard-cleanup", daemon=True)
 
     def start(self) -> None:
@@ -134,14 +133,11 @@ class CleanupWorker:
                 for policy, trigger in scheduler.due(snapshot, self._clock()):
                     if self._stop.is_set():
                         break
-                    self.busy_since = self._clock()
                     try:
                         report = runner.run(policy, trigger=trigger)
                     except Exception:  # one broken policy must not stop the others
                         log.exception("cleanup %s failed", policy.name)
                         continue
-                    finally:
-                        self.busy_since = None
                     scheduler.ran(report, self._clock())
                     self.reports.append(report)
                     self._findings.extend(findings_for(report))

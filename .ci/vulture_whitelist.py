@@ -1,0 +1,57 @@
+"""Names the dead-code finder cannot see used: `vulture daemon/trainguard .ci/vulture_whitelist.py`.
+
+Each entry says who uses it. Pydantic validators and the @renders text renderers are ignored by decorator ([tool.vulture] in
+pyproject.toml). Anything else vulture reports is dead: remove it rather than list it here.
+"""
+
+# ruff: noqa
+# mypy: ignore-errors
+_ = object()
+
+# Called by frameworks and libraries, never by name in this package.
+_.collect  # surfaces/exporter.py: prometheus_client calls a collector's collect() on each scrape
+_.log_message  # surfaces/pages.py: http.server's logging hook, overridden to stay quiet
+address_family  # surfaces/pages.py: socketserver reads it to bind IPv6 listeners
+daemon_threads  # surfaces/pages.py: socketserver.ThreadingMixIn reads it
+_.on_any_event  # sources/logwatch.py: watchdog's event handler
+_.msg  # redact.py: the logging.LogRecord field a filter rewrites
+_.socket_connect_timeout  # notify/apprise_sender.py: set on apprise's plugin objects
+_.socket_read_timeout
+model_config  # config/base.py: pydantic's model settings
+
+# The in-training-loop API (guard/, integrations/): used by training scripts, not by the daemon.
+DiskGuard  # integrations/lightning.py: a Lightning callback and its hooks
+_.on_train_batch_end
+_.on_train_epoch_end
+batch_idx  # hook signatures fixed by Lightning
+outputs
+storage_options
+_.should_stop
+AtomicCheckpointIO
+DiskGuardCallback  # integrations/transformers.py: a Trainer callback and its hooks
+_.on_step_end
+_.on_epoch_end
+_.should_training_stop
+_.short_by  # guard/space.py: Fit.short_by, the bytes a checkpoint lacks, for training scripts
+
+# notify/texts*.py: renderers register by @renders(kind) (ignored by decorator in pyproject.toml).
+translated_sources  # notify/texts_gpu.py: scripts/i18n.py collects the catalog's sources with it
+
+# Fields of records that callers and the tests read; the package itself only fills them.
+dirs_removed  # actions/cleanup/report.py: CleanupReport, asserted by the cleanup tests
+newest_mtime  # records.py: CheckpointFact, read by tests/test_next_checkpoint.py
+newest_path
+rchar  # sources/procs.py: IoCounters, read by name through diagnosis/threads.IO_FIELDS
+wchar
+read_bytes
+write_bytes
+
+# Operations API used by tests, benchmarks and docs.
+last_copy  # actions/mirror/record.py: what the record says was last copied of one file
+_.rounds  # actions/mirror/worker.py: finished rounds per mirror (bench/, docs/mirror.md)
+_.wait_rounds
+listing_order  # actions/cleanup/walker.py: the definition the hot loops of age_delete/kind_age inline
+
+# actions/cleanup/rotate.py is being changed on another branch; its two leftovers are reported there.
+FALLOC_FL_KEEP_SIZE
+lines_window_s

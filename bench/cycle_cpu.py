@@ -1,0 +1,108 @@
+"""CPU of one daemon cycle with 30 mounts and 8 GPUs, against node_exporter's CPU per scrape.
+
+    sudo PYTHONPATH=daemon:. python bench/cycle_cpu.py [--mounts 30] [--gpus 8] [--rounds 7]
+
+The daemon is built in this process (as bench/storage_cycle.py does) over real tmpfs mounts with
+6 h of history each, so every cycle fits a full forecast window, and 8 GPUs of the NVML fake
+with 4 processes each; the fake is Python, so its calls count against trainguard (an upper
+bound). The clock steps 10 s per cycle, so history grows as at the default interval, not at the
+rate cycles run back to back here. Its CPU per cycle is process time over `--cycles` cycles, all threads included (the
+diagnosis worker, the notify worker). The reference is Debian's node_exporter on this host,
+default collectors: the CPU time its process spends per /metrics scrape, read from
+/proc/<pid>/stat over `--scrapes` scrapes. Rounds alternate between the two, so both see the
+same load on a shared machine; the figures are medians over the rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+
+REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path[:0] = [os.path.join(REPO, "daemon"), REPO, os.path.dirname(os.path.abspath(__file__))]
+
+from _daemon import Quiet, SteppedClock  # noqa: E402
+from _reference import cpu_seconds, start_node_exporter, stop  # noqa: E402
+from trainguard import config as configmod  # noqa: E402
+from trainguard.service.daemon import Daemon  # noqa: E402
+
+from tests.gpu_support import GiB, fake_pynvml, gpu_spec  # noqa: E402
+from tests.support.mounts import tmpfs  # noqa: E402
+
+
+def build(points: list[str], gpus: int, state: str) -> Daemon:
+    pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())[:4 * gpus]
+    specs = [gpu_spec([{"at": 0, "util": 90, "mem_used": 60 * GiB, "temperature": 60, "power_w": 400,
+                        "processes": [{"pid": pid, "used": GiB} for pid in pids[i::gpus]]}]) for i in range(gpus)]
+    nvml = fake_pynvml.FakeNvml({"gpus": specs})
+    cfg = configmod.parse({"filesystems": {"exclude": ["*"], "paths": points}, "gpu": {"py_spy": False},
+                           "metrics": {"listen": ""}}, "bench")
+    clock = SteppedClock()
+    d = Daemon(configmod.Loaded(cfg, "bench"), clock=clock, state_dir=state, notifiers=[Quiet()], nvml=nvml)
+    now, size = clock.time(), 4 * 2**20
+    for k in range(6 * 360, 0, -1):  # six hours at 10 s for every mount
+        d.history.record(now - 10 * k, {f"fs.avail_bytes:{p}": size - 100 * (6 * 360 - k) for p in points})
+    d.cycle()  # warm: threads, NVML start, first diskstats reading
+    return d
+
+
+def cycle_cpu(d: Daemon, cycles: int) -> float:
+    c0 = time.process_time()
+    for _ in range(cycles):
+        d.clock.offset += 10.0
+        d.cycle()
+    return (time.process_time() - c0) / cycles
+
+
+def scrape_cpu(pid: int, url: str, scrapes: int) -> float:
+    c0 = cpu_seconds(pid)
+    for _ in range(scrapes):
+        with urllib.request.urlopen(url, timeout=10) as r:
+            r.read()
+    return (cpu_seconds(pid) - c0) / scrapes
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mounts", type=int, default=30)
+    ap.add_argument("--gpus", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--cycles", type=int, default=20, help="daemon cycles per round")
+    ap.add_argument("--scrapes", type=int, default=20, help="node_exporter scrapes per round")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        print("needs root: it mounts tmpfs filesystems", file=sys.stderr)
+        return 2
+    ref = start_node_exporter()
+    if ref is None:
+        print("node_exporter not installed (Debian package prometheus-node-exporter): no reference", file=sys.stderr)
+        return 2
+    ours, theirs = [], []
+    with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory(prefix="tg-bench-") as tmp:
+        stack.callback(stop, ref[0])
+        points = [str(stack.enter_context(tmpfs(4 * 2**20))) for _ in range(args.mounts)]
+        d = build(points, args.gpus, os.path.join(tmp, "state"))
+        stack.callback(d.close)
+        scrape_cpu(ref[0].pid, ref[1], 3)  # warm
+        for _ in range(args.rounds):
+            ours.append(cycle_cpu(d, args.cycles))
+            theirs.append(scrape_cpu(ref[0].pid, ref[1], args.scrapes))
+    mine, node = statistics.median(ours), statistics.median(theirs)
+    print(f"{args.mounts} tmpfs mounts + {args.gpus} GPUs (NVML fake), {args.rounds} rounds of {args.cycles} cycles "
+          f"/ {args.scrapes} scrapes, medians")
+    print(f"  trainguard CPU per cycle       : {mine * 1e3:7.2f} ms  (rounds: "
+          f"{', '.join(f'{x * 1e3:.1f}' for x in ours)})")
+    print(f"  node_exporter CPU per scrape   : {node * 1e3:7.2f} ms  (rounds: "
+          f"{', '.join(f'{x * 1e3:.1f}' for x in theirs)})")
+    print(f"  ratio cycle / scrape           : {mine / node:7.2f}x (target <= 1)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

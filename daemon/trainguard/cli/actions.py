@@ -1,0 +1,101 @@
+"""`trainguard cleanup` and `trainguard mirror`: run the actions once now, by hand."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from trainguard.cli.common import EXIT_CONFIG, EXIT_CRITICAL, EXIT_OK, load
+
+
+def cmd_cleanup(args: argparse.Namespace) -> int:
+    from trainguard.actions.cleanup.audit import AuditLog
+    from trainguard.actions.cleanup.report import printable, summary_lines
+    from trainguard.actions.cleanup.runner import CleanupRunner, Item
+    from trainguard.store.state import StateDb, StateDirError, choose_state_dir
+    from trainguard.units import format_bytes, format_duration
+
+    loaded = load(args, quiet=True)
+    if loaded is None:
+        return EXIT_CONFIG
+    policies = list(loaded.config.cleanup)
+    if args.policy:
+        chosen = [p for p in policies if p.name == args.policy]
+        if not chosen:
+            known = ", ".join(p.name for p in policies) or "none configured"
+            print(f"trainguard: no cleanup policy named {args.policy!r} (policies: {known})", file=sys.stderr)
+            return EXIT_CONFIG
+        if not chosen[0].enabled and not args.dry_run:
+            print(f"trainguard: policy {args.policy!r} is disabled (enabled = false); "
+                  "--dry-run shows what it would do", file=sys.stderr)
+            return EXIT_CONFIG
+    else:
+        chosen = [p for p in policies if p.enabled]
+        if not chosen:
+            print("no enabled cleanup policies (see [[cleanup]] in config.example.toml)")
+            return EXIT_OK
+    audit = None
+    if not args.dry_run:
+        try:
+            db = StateDb(choose_state_dir(args.state_dir or loaded.config.general.state_dir,
+                                          explicit=bool(args.state_dir)))
+        except StateDirError as exc:
+            print(f"trainguard: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
+        audit = AuditLog(db.connect())
+    runner = CleanupRunner(chosen, audit=audit, proc_root=loaded.config.general.proc_root,
+                           mirrors=loaded.config.mirror)
+    verb = "would delete" if args.dry_run else "deleted"
+
+    def show(item: Item) -> None:
+        kind = "dir " if item.unit else ""
+        print(f"{verb} {kind}{printable(item.path)}  {format_bytes(item.bytes)}  age {format_duration(item.age_s)}  {item.reason}")
+
+    status = EXIT_OK
+    for policy in chosen:
+        report = runner.run(policy, trigger="manual", dry_run=args.dry_run, on_item=show if args.verbose else None)
+        print("\n".join(summary_lines(report)))
+        if report.guard:
+            status = EXIT_CRITICAL
+    if audit is not None:
+        audit.conn.close()
+    return status
+
+
+def cmd_mirror(args: argparse.Namespace) -> int:
+    """Run the mirrors once now: exit 0 when everything is on the share, 1 with one line per reason otherwise."""
+    from trainguard.actions.mirror.runner import MirrorRunner
+    from trainguard.store.state import StateDb, choose_state_dir
+    from trainguard.units import format_bytes
+
+    loaded = load(args, quiet=True)
+    if loaded is None:
+        return EXIT_CONFIG
+    mirrors = list(loaded.config.mirror)
+    chosen = [m for m in mirrors if m.name == args.name] if args.name else [m for m in mirrors if m.enabled]
+    if args.name and not chosen:
+        known = ", ".join(m.name for m in mirrors) or "none configured"
+        print(f"trainguard: no mirror named {args.name!r} (mirrors: {known})", file=sys.stderr)
+        return EXIT_CONFIG
+    if not chosen:
+        print("no enabled mirrors (see [[mirror]] in config.example.toml)")
+        return EXIT_OK
+    db = StateDb(choose_state_dir(args.state_dir or loaded.config.general.state_dir))
+    status = EXIT_OK
+    for mirror in chosen:
+        conn = db.connect()
+        try:
+            runner = MirrorRunner.open(mirror, conn)
+            before = runner.record.states()[0].bytes_total
+            state = runner.run()
+        finally:
+            conn.close()
+        copied = format_bytes(state.bytes_total - before)
+        if state.pending_files or state.reason:
+            status = EXIT_CRITICAL
+            print(f"{mirror.name}: {state.pending_files} files ({format_bytes(state.pending_bytes)}) not on "
+                  f"{mirror.dest}: {state.reason or 'not copied'} ({copied} copied)", file=sys.stderr)
+        else:
+            print(f"{mirror.name}: everything on {mirror.dest} ({copied} copied)")
+    return status
+
