@@ -20,7 +20,6 @@ from trainguard.diagnosis.model import (
 from trainguard.diagnosis.words import (
     mirror_text,
     remedy_text,
-    remote_remedy,
     verdict_text,
     who_text,
 )
@@ -59,10 +58,6 @@ def _file_view(path: str, views: Iterable[ProcessView]) -> FileView | None:
             if f.path == path:
                 return f
     return None
-
-
-def remedy_for(category: str, kind: str, mount_point: str, unresponsive: bool) -> str:
-    return remote_remedy(category, kind, mount_point, unresponsive, EN)
 
 
 def _remote(f: FileView) -> dict[str, Any]:
