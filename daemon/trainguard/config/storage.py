@@ -88,8 +88,11 @@ class Forecast(Strict):
     enabled: bool = True
     window: PositiveDuration = 6 * 3600.0  # how much history the trend is fitted on
     min_span: Duration = 30 * 60.0  # no forecast before this much data
-    warning: PositiveDuration = 6 * 3600.0  # warn when the filesystem fills within this
+    warning: PositiveDuration = 6 * 3600.0  # warn at least this long before the filesystem is full
     critical: PositiveDuration = 3600.0
+    # The ETA has its own error (a few per cent on checkpoint steps): alerting this much earlier than
+    # `warning`/`critical` keeps the promise "at least 6 h ahead" instead of "about 6 h ahead".
+    lead_margin: Ratio = 0.03
     # Minimum evidence before an alert: this many samples, and an ETA at most this many times as far
     # ahead as the rate has held (a burst of 1 h cannot raise a "full in 3 h" alarm at 1.0).
     min_samples: int = Field(30, ge=4)

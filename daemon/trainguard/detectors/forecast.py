@@ -35,11 +35,12 @@ def level(trend: Trend | None, cfg: Forecast, active: Severity | None = None) ->
     if trend is None or trend.eta is None or trend.points < cfg.min_samples:
         return None
     slack = 1.2 if active is not None else 1.0
-    if trend.eta > cfg.evidence_ratio * trend.evidence * slack:
+    early = 1.0 + cfg.lead_margin  # the ETA's own error: alert a little early rather than a little late
+    if trend.eta > cfg.evidence_ratio * trend.evidence * slack * early:
         return None  # a forecast further ahead than the rate has held: not enough evidence yet
-    if trend.eta < cfg.critical * (slack if active is Severity.CRITICAL else 1.0):
+    if trend.eta < cfg.critical * early * (slack if active is Severity.CRITICAL else 1.0):
         return Severity.CRITICAL, cfg.critical
-    if trend.eta < cfg.warning * slack:
+    if trend.eta < cfg.warning * early * slack:
         return Severity.WARNING, cfg.warning
     return None
 
