@@ -132,8 +132,7 @@ class _Pass1:
         dev, hist, marking, inline = lst.st.st_dev, self.hist, self.marking, self.inline
         is_dir_mode, freed = stat_mod.S_ISDIR, sel.freed_bytes
         order_mul, order_mask = walker.ORDER_MUL, walker.ORDER_MASK
-        fd, prefix, pos, marks, order = lst.fd, lst.prefix, lst.pos, lst.marks, lst.order
-        dry = self.ctx.dry_run
+        fd, prefix, pos, marks, order, dry = lst.fd, lst.prefix, lst.pos, lst.marks, lst.order, self.ctx.dry_run
         open_keys = self.ctx.tools.open_files.keys()  # a dry run's count checks open files too
         expired_before = (plan.expired_files, plan.expired_bytes)
         try:
@@ -184,9 +183,14 @@ class _Pass1:
                         marks = _mark(marks, pos)
         finally:
             lst.pos, lst.marks, lst.order = pos, marks, order
-            if dry and not marking and plan.expired_files > expired_before[0]:  # a counting dry run's top dirs
-                self.ctx.tally.top_add(self.prefix + lst.path if lst.path else self.root.path,
-                                       plan.expired_bytes - expired_before[1], plan.expired_files - expired_before[0])
+            self._count_top_dir(lst, expired_before)
+
+    def _count_top_dir(self, lst: walker.Listing, before: tuple[int, int]) -> None:
+        """A counting dry run's top directories: what this listing would free."""
+        plan = self.plan
+        if self.ctx.dry_run and not self.marking and plan.expired_files > before[0]:
+            self.ctx.tally.top_add(self.prefix + lst.path if lst.path else self.root.path,
+                                   plan.expired_bytes - before[1], plan.expired_files - before[0])
 
     def held(self, fd: int, name: str, relpath: str, st, is_unit: bool) -> bool:
         of = self.ctx.tools.open_files
