@@ -187,3 +187,5 @@ def test_status_json_and_table(tmp_path):
     assert table.stdout.splitlines()[2].split() == ["MOUNT", "FSTYPE", "DEVICE", "SIZE", "USED", "LAST", "24H",
                                                     "24H", "RANGE", "INODES", "IO", "ETA", "FULL", "STATE"]
     assert "[WARNING]" in table.stdout
+    # A one-shot command does not retry: it never says when it would (the daemon's "(retry in 10s)").
+    assert "retry in" not in table.stdout + result.stdout and doc["gpu_status"]["next_retry"] is None

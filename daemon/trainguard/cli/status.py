@@ -26,6 +26,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     from trainguard.surfaces import status
 
     doc = status.build(loaded.config, state_dir=args.state_dir, clock=clock, disks=disks)
+    if doc.get("gpu_status"):  # a one-shot command does not retry: no "(retry in 10s)", no next_retry
+        doc["gpu_status"] = {**doc["gpu_status"], "message": _one_shot_reason(doc["gpu_status"]), "next_retry": None}
     lang = loaded.config.notify.language
     if args.html:
         from trainguard.surfaces.status_page import render_page
@@ -41,7 +43,8 @@ def _one_shot_reason(status: object) -> str:
     """The NVML state in words, without the daemon's "(retry in 10s)": a one-shot command does not retry."""
     import re
 
-    message = getattr(status, "message", "") or "GPU sampler off"
+    message = (status.get("message") if isinstance(status, dict) else getattr(status, "message", "")) \
+        or "GPU sampler off"
     return re.sub(r"\s*\(retry in [^)]*\)", "", message)
 
 
