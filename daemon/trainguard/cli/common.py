@@ -36,3 +36,11 @@ def load(args: argparse.Namespace, *, quiet: bool = False) -> configmod.Loaded |
         print(f"trainguard: invalid configuration:\n{exc}", file=sys.stderr)
         return None
 
+
+def one_shot_reason(status: object) -> str:
+    """The NVML state in words, without the daemon's "(retry in 10s)": a one-shot command does not retry."""
+    import re
+
+    message = (status.get("message") if isinstance(status, dict) else getattr(status, "message", "")) \
+        or "GPU sampler off"
+    return re.sub(r"\s*\(retry in [^)]*\)", "", message)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
 
 from trainguard import __version__
 from trainguard import config as configmod
-from trainguard.cli.common import EXIT_CONFIG, EXIT_CRITICAL, EXIT_OK, load, log
+from trainguard.cli.common import EXIT_CONFIG, EXIT_CRITICAL, EXIT_OK, load, log, one_shot_reason
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -58,8 +59,13 @@ def _run_locked(args: argparse.Namespace, loaded: configmod.Loaded, daemon, earl
     if args.once:
         # One cycle must see a hung mount: wait for slow probes up to the timeout, as `status` does.
         daemon.samplers.fs.wait = loaded.config.filesystems.probe_timeout
+        # The GPU state is printed once below, without the daemon's "(retry in 10s)": a one-shot does not retry.
+        logging.getLogger("trainguard.gpu").setLevel(logging.WARNING)
         result = daemon.cycle()
         daemon.close()
+        status = result.snapshot.gpu_status
+        if status is not None and status.state.value not in ("ok", "off"):
+            print(f"GPU: {one_shot_reason(status)}")
         for f in sorted(result.findings, key=lambda f: (-f.severity.rank, f.key)):
             print(f"[{f.severity.value.upper()}] {f.summary} ({f.key})")
         if not result.findings:

@@ -7,7 +7,7 @@ import json
 import logging
 import sys
 
-from trainguard.cli.common import EXIT_CONFIG, EXIT_CRITICAL, EXIT_OK, load
+from trainguard.cli.common import EXIT_CONFIG, EXIT_CRITICAL, EXIT_OK, load, one_shot_reason
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -27,7 +27,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     doc = status.build(loaded.config, state_dir=args.state_dir, clock=clock, disks=disks)
     if doc.get("gpu_status"):  # a one-shot command does not retry: no "(retry in 10s)", no next_retry
-        doc["gpu_status"] = {**doc["gpu_status"], "message": _one_shot_reason(doc["gpu_status"]), "next_retry": None}
+        doc["gpu_status"] = {**doc["gpu_status"], "message": one_shot_reason(doc["gpu_status"]), "next_retry": None}
     lang = loaded.config.notify.language
     if args.html:
         from trainguard.surfaces.status_page import render_page
@@ -37,15 +37,6 @@ def cmd_status(args: argparse.Namespace) -> int:
     # Findings quote watched log lines, which may carry a token: status never shows one.
     print(scrub(json.dumps(doc, indent=2) if args.json else status.render(doc, lang)))
     return EXIT_OK
-
-
-def _one_shot_reason(status: object) -> str:
-    """The NVML state in words, without the daemon's "(retry in 10s)": a one-shot command does not retry."""
-    import re
-
-    message = (status.get("message") if isinstance(status, dict) else getattr(status, "message", "")) \
-        or "GPU sampler off"
-    return re.sub(r"\s*\(retry in [^)]*\)", "", message)
 
 
 def _no_gpu(args: argparse.Namespace, reason: str, code: int) -> int:
@@ -80,7 +71,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     reading = sampler.sample()
     if not reading.gpus:
         sampler.close()
-        return _no_gpu(args, _one_shot_reason(reading.status), EXIT_CRITICAL)
+        return _no_gpu(args, one_shot_reason(reading.status), EXIT_CRITICAL)
     from trainguard.diagnosis import stall as diagnosis  # only now: a host without a GPU need not load it
 
     diagnoser = diagnosis.StallDiagnoser(cfg.general.proc_root, py_spy=cfg.gpu.py_spy)
