@@ -118,6 +118,7 @@ def test_run_logs_findings_and_stops_cleanly_on_a_signal(tmp_path, sig):
                                   f'[filesystems]\n{ONLY}paths = [{str(tmp_path)!r}, {str(missing)!r}]\n')
     with Daemon("--config", str(path), "--state-dir", str(tmp_path / "s")) as d:
         d.wait_for(r"started: config .*trainguard\.toml")
+        d.wait_for(r"watching 1 mount: /\S* \(\w+")  # which mounts it watches, said once at start
         d.wait_for(rf"FIRING \[warning\] watched path {missing} does not exist")
         missing.mkdir()  # the path appears: the daemon keeps running and resolves it
         d.wait_for(rf"RESOLVED \[warning\] watched path {missing} does not exist", timeout=30)

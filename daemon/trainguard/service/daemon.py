@@ -24,7 +24,7 @@ from trainguard.detectors.series import series_of
 from trainguard.notify import LogNotifier, Notifier
 from trainguard.notify.outbox import failed_attempts
 from trainguard.notify.worker import OutboxNotifier
-from trainguard.records import AlertEvent, AlertStatus, Finding
+from trainguard.records import AlertEvent, AlertStatus, Finding, Snapshot
 from trainguard.service.results import CycleResult, fill_etas, status_line
 from trainguard.service.sdnotify import SdNotifier
 from trainguard.service.wiring import (
@@ -262,6 +262,7 @@ class Daemon:
                 if not self._ready_sent:
                     self.sd.ready(self.status_line())
                     self._ready_sent = True
+                    log.info("watching %s", watched_mounts(self.latest.snapshot))
                 self.sd.watchdog(self.status_line())
             next_tick += interval
             now = self.clock.monotonic()
@@ -317,3 +318,8 @@ class Daemon:
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGHUP, reload)
 
+
+def watched_mounts(snapshot: Snapshot) -> str:
+    """For the log at start: "3 mounts: / (ext4), /data (xfs), /root/autodl-fs (fuse.juicefs)"."""
+    mounts = [f"{s.mount.mount_point} ({s.mount.fstype})" for s in snapshot.filesystems]
+    return f"{len(mounts)} mount{'s' if len(mounts) != 1 else ''}: {', '.join(mounts) or 'none'}"
