@@ -33,7 +33,10 @@ from trainguard.actions.cleanup import walker
 from trainguard.actions.cleanup.audit import AuditLog
 from trainguard.actions.cleanup.runner import CleanupReport, Item, RootReport, describe
 from trainguard.actions.cleanup.safety import (
+    LOOSE_DEVS,
     UnsafeRoot,
+    fd_info,
+    mount_devs,
     mount_point_of,
     mounts_below,
     open_checked_root,
@@ -77,32 +80,40 @@ def _fallocate(fd: int, mode: int, offset: int, length: int) -> None:
 
 
 def writers(keys: set[tuple[int, int]], proc_root: str = "/proc") -> dict[tuple[int, int], list[tuple[int, int]]]:
-    """(dev, ino) -> [(pid, open flags)] of every fd open for writing on one of keys."""
+    """(dev, ino) -> [(pid, open flags)] of every fd open for writing on one of keys.
+
+    Like the open-file index (safety.OpenFiles), built from readlink, fdinfo and mountinfo only: an fd
+    open on a hung share cannot wedge the rotation."""
     found: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    by_ino = {ino: (dev, ino) for dev, ino in keys}  # btrfs/overlay: st_dev is not mountinfo's device
+    devs_by_ns: dict[str, dict[int, int]] = {}
     try:
         pids = [p for p in os.listdir(proc_root) if p.isdigit()]
     except OSError:
         return found
     for pid in pids:
-        fd_dir = os.path.join(proc_root, pid, "fd")
+        base = os.path.join(proc_root, pid)
         try:
-            fds = os.listdir(fd_dir)
+            fds = os.listdir(os.path.join(base, "fd"))
         except OSError:
             continue
+        devs: dict[int, int] | None = None
         for fd in fds:
             try:
-                st = os.stat(os.path.join(fd_dir, fd))
-            except OSError:
-                continue
-            if (st.st_dev, st.st_ino) not in keys:
-                continue
-            try:
-                with open(os.path.join(proc_root, pid, "fdinfo", fd)) as fh:
-                    flags = next((int(line.split()[1], 8) for line in fh if line.startswith("flags:")), 0)
+                if not os.readlink(os.path.join(base, "fd", fd)).startswith("/"):
+                    continue  # socket:[..], pipe:[..], anon_inode:..
+                mnt, ino, flags = fd_info(os.path.join(base, "fdinfo", fd))
             except (OSError, ValueError):
-                flags = O_ACCMODE  # unknown: treated as a writer without O_APPEND, i.e. left alone
+                continue
+            if devs is None:
+                devs = mount_devs(base, devs_by_ns)
+            dev = devs.get(mnt)
+            key = (dev, ino) if (dev, ino) in keys else by_ino.get(ino) if dev in LOOSE_DEVS else None
+            if key is None:
+                continue
+            flags = O_ACCMODE if flags is None else flags  # unknown: a writer without O_APPEND, left alone
             if flags & O_ACCMODE:
-                found.setdefault((st.st_dev, st.st_ino), []).append((int(pid), flags))
+                found.setdefault(key, []).append((int(pid), flags))
     return found
 
 

@@ -119,7 +119,7 @@ class OpenFiles:
         self.max_age = max_age
         self.clock = clock
         self._keys: dict[tuple[int, int], int] = {}  # (dev, ino) -> a PID holding it
-        self._loose = False  # some key is (_ANY_DEV, ino): see _LOOSE
+        self._loose = False  # some key is (_ANY_DEV, ino): see LOOSE_DEVS
         self._built_at: float | None = None
         self.unreadable = 0
 
@@ -157,15 +157,15 @@ class OpenFiles:
                 target = os.readlink(os.path.join(base, "fd", fd))
                 if not target.startswith("/"):
                     continue  # socket:[..], pipe:[..], anon_inode:..
-                mnt, ino = _fdinfo(os.path.join(base, "fdinfo", fd))
+                mnt, ino, _flags = fd_info(os.path.join(base, "fdinfo", fd))
             except OSError:
                 continue
             if devs is None:
-                devs = _mount_devs(base, devs_by_ns)
+                devs = mount_devs(base, devs_by_ns)
             dev = devs.get(mnt)
             if dev is not None and ino is not None:
                 keys.setdefault((dev, ino), int(pid))
-                if dev in _LOOSE:  # see _mount_devs
+                if dev in LOOSE_DEVS:  # see mount_devs
                     keys.setdefault((_ANY_DEV, ino), int(pid))
 
     def _add_maps(self, pid: str, keys: dict[tuple[int, int], int]) -> None:
@@ -236,26 +236,28 @@ class _AnyDevKeys:
         return key in self._keys or (_ANY_DEV, key[1]) in self._keys
 
 
-def _fdinfo(path: str) -> tuple[int | None, int | None]:
-    """(mnt_id, ino) of an open fd from its fdinfo: no access to the file's filesystem."""
-    mnt = ino = None
+def fd_info(path: str) -> tuple[int | None, int | None, int | None]:
+    """(mnt_id, ino, open flags) of an open fd from its fdinfo: no access to the file's filesystem."""
+    mnt = ino = flags = None
     with open(path, "rb") as fh:
         for line in fh:
             if line.startswith(b"mnt_id:"):
                 mnt = int(line[7:])
             elif line.startswith(b"ino:"):
                 ino = int(line[4:])
-    return mnt, ino
+            elif line.startswith(b"flags:"):
+                flags = int(line[6:], 8)
+    return mnt, ino, flags
 
 
 # Filesystems whose st_dev is not the device mountinfo shows (btrfs subvolumes, overlayfs
 # with xino): an open inode there counts as open on any device (the safe side).
 _LOOSE_TYPES = (b"btrfs", b"overlay", b"bcachefs")
-_LOOSE: set[int] = set()
+LOOSE_DEVS: set[int] = set()  # devices of such filesystems, found by mount_devs
 _ANY_DEV = -1
 
 
-def _mount_devs(base: str, cache: dict[str, dict[int, int]]) -> dict[int, int]:
+def mount_devs(base: str, cache: dict[str, dict[int, int]]) -> dict[int, int]:
     """mnt_id -> st_dev for the mount namespace of the process at base (cached per namespace)."""
     try:
         ns = os.readlink(os.path.join(base, "ns", "mnt"))
@@ -278,7 +280,7 @@ def _mount_devs(base: str, cache: dict[str, dict[int, int]]) -> dict[int, int]:
                     continue
                 fstype = line.partition(b" - ")[2].split(b" ", 1)[0]
                 if fstype in _LOOSE_TYPES:
-                    _LOOSE.add(dev)
+                    LOOSE_DEVS.add(dev)
     except OSError:
         pass
     cache[ns] = found
