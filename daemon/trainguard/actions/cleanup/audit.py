@@ -1,13 +1,17 @@
 """The cleanup audit log: every deletion (time, policy, path, bytes, reason) in SQLite.
 
 Rows are written in batches inside one transaction per batch, so a run deleting a
-million files does not pay a commit per file. Per-policy totals are kept in their
-own table, so pruning old rows never changes "freed in total".
+million files does not pay a commit per file. A full batch is written behind, on a
+thread, while the cleanup loop goes on deleting (the compiled age loop releases the GIL
+for a whole batch of names, so SQLite and unlink run on two cores); flush() waits for it,
+and a failed write is raised there. Per-policy totals are kept in their own table, so
+pruning old rows never changes "freed in total".
 """
 
 from __future__ import annotations
 
 import sqlite3
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -56,8 +60,9 @@ class AuditLog:
         self.batch = batch
         self._pending: list[tuple[float, str, str, str, int, int, str]] = []
         self._totals: dict[str, list[int]] = {}
+        self._behind: threading.Thread | None = None  # the batch being written behind
+        self._failed: BaseException | None = None  # how it failed, raised by the next flush
         conn.executescript(SCHEMA)
-
 
     def record(self, policy: str, mount: str, path: str, nbytes: int, files: int, reason: str) -> None:
         self._pending.append((self.clock(), policy, mount, printable(path), nbytes, files, reason))
@@ -65,13 +70,52 @@ class AuditLog:
         total[0] += files
         total[1] += nbytes
         if len(self._pending) >= self.batch:
-            self.flush()
+            self._write_behind()
+
+    def record_files(self, policy: str, mount: str, files: list[tuple[str, int]], reason: str) -> None:
+        """record() for many single files at once: (path, bytes) each, one reason."""
+        now = self.clock()
+        self._pending.extend([(now, policy, mount, printable(path), nbytes, 1, reason) for path, nbytes in files])
+        total = self._totals.setdefault(policy, [0, 0])
+        total[0] += len(files)
+        total[1] += sum(nbytes for _path, nbytes in files)
+        if len(self._pending) >= self.batch:
+            self._write_behind()
 
     def flush(self) -> None:
-        if not self._pending and not self._totals:
-            return
-        rows, totals = self._pending, self._totals
+        """Write every row recorded so far; raises what a write behind raised."""
+        self._wait()
+        self._write(*self._take())
+
+    def _take(self) -> tuple[list, dict[str, list[int]]]:
+        taken = self._pending, self._totals
         self._pending, self._totals = [], {}
+        return taken
+
+    def _write_behind(self) -> None:
+        self._wait()  # one write at a time, in order
+        rows, totals = self._take()
+        self._behind = threading.Thread(target=self._write_catching, args=(rows, totals),
+                                        name="trainguard-audit", daemon=True)
+        self._behind.start()
+
+    def _write_catching(self, rows: list, totals: dict[str, list[int]]) -> None:
+        try:
+            self._write(rows, totals)
+        except BaseException as exc:  # handed to the recording thread at its next flush
+            self._failed = exc
+
+    def _wait(self) -> None:
+        if self._behind is not None:
+            self._behind.join()
+            self._behind = None
+        failed, self._failed = self._failed, None
+        if failed is not None:
+            raise failed
+
+    def _write(self, rows: list, totals: dict[str, list[int]]) -> None:
+        if not rows and not totals:
+            return
         now = self.clock()
         # Explicit transaction: the state database's connections are in autocommit mode,
         # where a commit per row would dominate a large run.
@@ -91,6 +135,7 @@ class AuditLog:
         self.conn.execute("COMMIT")
 
     def prune(self) -> None:
+        self._wait()
         self.conn.execute("DELETE FROM cleanup_audit WHERE ts < ?", (self.clock() - self.retention,))
         if self.conn.in_transaction:
             self.conn.commit()
