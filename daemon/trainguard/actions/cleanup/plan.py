@@ -61,6 +61,13 @@ class Ctx:
             self.tools.audit.record(self.policy.name, root.mount, path, nbytes, files, reason)
         self.tally.deleted(path, nbytes, files, reason, age, unit)
 
+    def went_files(self, root: Root, parent: str, files: list[tuple[str, int, float]], reason: str) -> None:
+        """went() for single files gone from the directory parent (a full path): (name, bytes, age) each."""
+        if not self.dry_run and self.tools.audit is not None:
+            self.tools.audit.record_files(self.policy.name, root.mount, [(f"{parent}/{name}", nbytes)
+                                                                         for name, nbytes, _age in files], reason)
+        self.tally.deleted_files(parent, files, reason)
+
     def before_delete(self, relpath: str) -> None:
         if self.tools.hook is not None:
             self.tools.hook("before_delete", relpath)

@@ -143,6 +143,17 @@ class Tally:
             self.bytes += nbytes
             self._top(path, nbytes, files)
 
+    def deleted_files(self, parent: str, files: list[tuple[str, int, float]], reason: str) -> None:
+        """deleted() for single files gone from one directory: (name, bytes, age) each."""
+        if self.on_item is not None or len(self.items) < self.max_items:
+            for name, nbytes, age in files:
+                self.add(Item(f"{parent}/{name}", nbytes, 1, reason, age))
+            return
+        nbytes = sum(b for _name, b, _age in files)
+        self.files += len(files)
+        self.bytes += nbytes
+        self.top_add(parent, nbytes, len(files))
+
     def _top(self, path: str, nbytes: int, files: int) -> None:
         self.top_add(path.rstrip("/").rpartition("/")[0], nbytes, files)
 
