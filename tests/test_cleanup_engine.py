@@ -8,6 +8,8 @@ import os
 import random
 import time
 
+import pytest
+from trainguard.actions.cleanup import age_fast
 from trainguard.actions.cleanup.safety import OpenFiles
 
 from tests.support.cli import trainguard
@@ -27,7 +29,14 @@ def test_one_pass_deletes_what_two_passes_would(tmp_path):
     assert one.planned_files == 20
 
 
-def test_one_pass_a_name_swapped_for_a_symlink_loses_the_link_never_the_target(tmp_path):
+@pytest.fixture
+def python_loop(monkeypatch):
+    """The per-entry Python loop, whose hooks fire between judging and deleting one entry
+    (tests/test_cleanup_fastpath.py runs the same attacks on the compiled loop)."""
+    monkeypatch.setattr(age_fast, "ENABLED", False)
+
+
+def test_one_pass_a_name_swapped_for_a_symlink_loses_the_link_never_the_target(tmp_path, python_loop):
     root, outside = tmp_path / "root", tmp_path / "outside"
     make(root / "a" / "victim.dat")
     precious = make(outside / "precious.dat")
@@ -42,7 +51,7 @@ def test_one_pass_a_name_swapped_for_a_symlink_loses_the_link_never_the_target(t
     assert not os.path.lexists(root / "a" / "victim.dat")
 
 
-def test_one_pass_a_file_opened_between_judging_and_deleting_stays(tmp_path):
+def test_one_pass_a_file_opened_between_judging_and_deleting_stays(tmp_path, python_loop):
     root = tmp_path / "root"
     target = make(root / "held.dat")
     make(root / "free.dat")

@@ -8,6 +8,10 @@ memory stays flat. Pass 2 (age_delete.py) reopens only those directories and re-
 only the marked entries, re-judging each from that fresh lstat with every rule
 (identity, filesystem, grace, age, open files) just before the unlink. A dry run never
 does pass 2: pass 1's counts are its answer (the entries are listed with --verbose).
+
+A one-pass delete and a counting dry run keep no per-entry state, so an age policy's pass 1
+reads their listings in batches through the compiled loop instead (age_fast.py), with the
+same rules; the loop below runs where that is not built or a pass needs marks or histograms.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import os
 import stat as stat_mod
 from dataclasses import dataclass, field
 
-from trainguard.actions.cleanup import age_delete, unittree, walker
+from trainguard.actions.cleanup import age_delete, age_fast, unittree, walker
 from trainguard.actions.cleanup import policies as sel
 from trainguard.actions.cleanup.age_judge import Busy, make_enters, make_judge
 from trainguard.actions.cleanup.guard import Root
@@ -87,7 +91,7 @@ def _scan(ctx: Ctx, root: Root, remove_dirs: bool, busy: Busy, mode: tuple[bool,
     p1 = _Pass1(ctx, root, busy, mode)
     for lst in walker.scan(o.fd, dev=o.dev, on_problem=p1.problem, hook=ctx.tools.hook, mnt=o.mnt):
         try:
-            p1.listing(lst)
+            (p1.batches or p1).listing(lst)
         except OSError as exc:  # reading the directory failed (e.g. removed under us)
             p1.problem(walker.WalkProblem(lst.path or ".", walker.classify_error(exc), exc.strerror or ""))
             lst.enter = None
@@ -120,6 +124,8 @@ class _Pass1:
         self.hist = self.plan.hist if watermark or self.all_hist is not None else None  # cutoffs need it
         self.scratch = Ctx(policy, Tally(0, None), ctx.tools, ctx.dry_run, ctx.now)  # pass 2 counts skips again
         self.judge, self.enters = make_judge(self.scratch, busy), make_enters(policy)
+        counting = not self.marking and self.hist is None and self.all_hist is None
+        self.batches = age_fast.AgeBatches(ctx, root, self.plan, self.scratch) if age_fast.usable(ctx, counting) else None
 
     def problem(self, p: walker.WalkProblem) -> None:
         self.scratch.tally.skip(p.reason, p.path, p.detail)
@@ -156,7 +162,7 @@ class _Pass1:
                 judged = judge(fd, name, path, st, is_dir)
                 if judged is None:
                     if is_dir and enters(name, path):
-                        lst.enter = (name, st)
+                        lst.enter = (name, st.st_ino)
                         return
                     if not is_dir:
                         plan.total_bytes += freed(st)

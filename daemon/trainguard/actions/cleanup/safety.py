@@ -15,6 +15,7 @@ import logging
 import os
 import stat
 import time
+from array import array
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -120,6 +121,7 @@ class OpenFiles:
         self.clock = clock
         self._keys: dict[tuple[int, int], int] = {}  # (dev, ino) -> a PID holding it
         self._loose = False  # some key is (_ANY_DEV, ino): see LOOSE_DEVS
+        self._sorted: dict[int, bytes] = {}  # inodes_on(dev), per refresh
         self._built_at: float | None = None
         self.unreadable = 0
 
@@ -144,6 +146,7 @@ class OpenFiles:
                 unreadable += 1
             self._add_maps(pid, keys)
         self._keys = keys
+        self._sorted = {}
         self._loose = any(dev == _ANY_DEV for dev, _ino in keys)
         self.unreadable = unreadable
         self._built_at = self.clock()
@@ -192,6 +195,16 @@ class OpenFiles:
         """The (dev, ino) index itself, for a hot loop's first look (then is_open or holder)."""
         self._fresh()
         return _AnyDevKeys(self._keys) if self._loose else self._keys
+
+    def inodes_on(self, dev: int) -> bytes:
+        """The inodes open on device dev (and, loose devices, on any), sorted, as native uint64s:
+        the form the compiled age loop searches (see age_fast.py)."""
+        self._fresh()
+        cached = self._sorted.get(dev)
+        if cached is None:
+            inos = sorted({ino for d, ino in self._keys if d in (dev, _ANY_DEV)})
+            cached = self._sorted[dev] = array("Q", inos).tobytes()
+        return cached
 
     def is_open(self, dev: int, ino: int) -> bool:
         self._fresh()

@@ -206,23 +206,24 @@ def _enter(entry: Entry, dev: int, mnt: int | None, hook: Hook | None,
     if hook is not None:
         hook("open_dir", entry.path)
     try:
-        child, _cst, child_it = open_subdir(entry.dir_fd, entry.name, entry.st, dev, mnt)
+        child, _cst, child_it = open_subdir(entry.dir_fd, entry.name, entry.st.st_ino, dev, mnt)
     except OSError as exc:
         problem(entry.path, exc)
         return None
     return child, child_it
 
 
-def open_subdir(parent_fd: int, name: str, listed: os.stat_result, dev: int,
+def open_subdir(parent_fd: int, name: str, listed_ino: int, dev: int,
                 mnt: int | None = None) -> tuple[int, os.stat_result, Iterator[os.DirEntry[str]]]:
     """Open a listed subdirectory relative to its parent's fd, never through a symlink, and only if it
-    is still the directory that was listed and on the root's filesystem. Raises OSError otherwise."""
+    is still the directory that was listed (inode listed_ino) and on the root's filesystem. Raises
+    OSError otherwise."""
     child = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
     try:
         cst = os.fstat(child)
         if cst.st_dev != dev:
             raise OSError(errno.EXDEV, "directory is on another filesystem")
-        if cst.st_ino != listed.st_ino:
+        if cst.st_ino != listed_ino:
             # Replaced between listing and opening: the entry we judged is gone.
             raise OSError(errno.ENOENT, "directory was replaced during the scan")
         check_same_mount(child, mnt, name)
@@ -242,7 +243,7 @@ def _close(fd: int, it: Iterator[os.DirEntry[str]]) -> None:
 class Listing:
     """One directory being read by scan(). The caller iterates `entries` itself (see scan)."""
 
-    __slots__ = ("fd", "path", "prefix", "st", "entries", "pos", "enter", "marks", "order")
+    __slots__ = ("fd", "path", "prefix", "st", "entries", "pos", "enter", "marks", "order", "pending")
 
     def __init__(self, fd: int, path: str, st: os.stat_result, entries: Iterator[os.DirEntry[str]]):
         self.fd = fd
@@ -251,9 +252,10 @@ class Listing:
         self.st = st  # fstat of the opened directory, taken before it was listed
         self.entries = entries  # the scandir iterator, resumed where the caller left it
         self.pos = 0  # entries the caller has consumed so far (its position in the listing)
-        self.enter: tuple[str, os.stat_result] | None = None  # set by the caller: descend into this
+        self.enter: tuple[str, int] | None = None  # set by the caller: descend into (name, inode listed)
         self.marks: bytearray | None = None  # caller's per-entry bitmap (see cleanup's age plan)
         self.order = 0  # caller's fingerprint of the listing order so far (see listing_order)
+        self.pending: list[tuple[str, int]] | None = None  # a batch reader's subdirectories still to enter
 
 
 # Fingerprint of a directory listing's order, d_ino by d_ino (free from getdents): two
@@ -275,7 +277,7 @@ def scan(root_fd: int, *, dev: int, on_problem: Callable[[WalkProblem], None], h
     walk() costs a generator step and an Entry per entry; for a million-file tree the
     caller's loop over `listing.entries` is the hot path instead. Protocol: for each
     yielded listing, consume entries (counting them in listing.pos); to descend into a
-    subdirectory set listing.enter = (name, lstat) and break out; to finish the
+    subdirectory set listing.enter = (name, inode) and break out; to finish the
     directory, consume it to the end. scan() then yields the child's listing (opened
     O_NOFOLLOW relative to the parent, same filesystem and inode as judged), and later
     the parent again, positioned after the child. Memory is one fd and one iterator
@@ -299,12 +301,12 @@ def scan(root_fd: int, *, dev: int, on_problem: Callable[[WalkProblem], None], h
                 stack.pop()
                 _close(here.fd, here.entries)
                 continue
-            name, st = enter
+            name, ino = enter
             path = here.prefix + name
             if hook is not None:
                 hook("open_dir", path)
             try:
-                child, cst, child_it = open_subdir(here.fd, name, st, dev, mnt)
+                child, cst, child_it = open_subdir(here.fd, name, ino, dev, mnt)
             except OSError as exc:
                 on_problem(WalkProblem(path, classify_error(exc), exc.strerror or str(exc)))
                 continue

@@ -1,0 +1,238 @@
+/* The age policy's per-entry work for one batch of names in one directory, in C.
+ *
+ * Python (age_fast.py) lists the directory, drops excluded names and mount points, and
+ * hands the rest here with the policy's numbers. For each name, with the GIL released:
+ * fstatat(dir_fd, name, AT_SYMLINK_NOFOLLOW), then the same rules, in the same order and
+ * with the same float arithmetic, as age_judge.make_judge and kind_age._Pass1.listing:
+ * other filesystem, directory, type and patterns, grace, open files, age. In delete mode an
+ * expired entry that no process has open is unlinked relative to dir_fd (unlinkat never
+ * follows a symlink: a name swapped for a link loses the link, never its target; a name
+ * swapped for a directory fails with EISDIR). Nothing here decides which names are
+ * candidates at all; that stays in Python.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+enum { IGNORED, IS_DIR, STAT_ERROR, OTHER_DEV, GRACE, YOUNG, OPEN, EXPIRED, UNLINK_ERROR };
+enum { AGE_ATIME = 1, AGE_MTIME = 2, AGE_CTIME = 4 };
+
+typedef struct {
+    const char *name;
+    int wanted;
+    int code;
+    int err;
+    unsigned long long ino;
+    long long bytes;
+    double age;
+} entry_t;
+
+typedef struct {
+    int dir_fd;
+    unsigned long long dev;
+    int age_mask;  /* 0: st_mtime itself (age_by = ["mtime"]); else the newest of the flagged times */
+    double now, older_than, changed_after;
+    const uint64_t *open_inos;  /* sorted */
+    Py_ssize_t n_open;
+    int delete;  /* 0: count (a dry run: an open entry is kept whatever its age); 1: unlink */
+} rule_t;
+
+/* As CPython's os.stat_result fills st_mtime: sec + 1e-9 * nsec, in doubles. */
+static double as_float(const struct timespec *t) { return (double)t->tv_sec + 1e-9 * (double)t->tv_nsec; }
+
+static int is_open(const rule_t *r, unsigned long long ino) {
+    Py_ssize_t lo = 0, hi = r->n_open;
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (r->open_inos[mid] < ino) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < r->n_open && r->open_inos[lo] == ino;
+}
+
+static double age_timestamp(const rule_t *r, const struct stat *st) {
+    if (r->age_mask == 0) return as_float(&st->st_mtim);
+    double ts = 0.0, t;  /* policies.age_timestamp: max over the fields, from 0.0 */
+    if (r->age_mask & AGE_ATIME && (t = as_float(&st->st_atim)) > ts) ts = t;
+    if (r->age_mask & AGE_MTIME && (t = as_float(&st->st_mtim)) > ts) ts = t;
+    if (r->age_mask & AGE_CTIME && (t = as_float(&st->st_ctim)) > ts) ts = t;
+    return ts;
+}
+
+static void judge(const rule_t *r, entry_t *e) {
+    struct stat st;
+    if (fstatat(r->dir_fd, e->name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+        e->code = STAT_ERROR;
+        e->err = errno;
+        return;
+    }
+    e->ino = st.st_ino;
+    if ((unsigned long long)st.st_dev != r->dev) { e->code = OTHER_DEV; return; }
+    if (S_ISDIR(st.st_mode)) { e->code = IS_DIR; return; }
+    if (!(S_ISREG(st.st_mode) || S_ISLNK(st.st_mode)) || !e->wanted) { e->code = IGNORED; return; }
+    if (as_float(&st.st_mtim) > r->changed_after || as_float(&st.st_ctim) > r->changed_after) {
+        e->code = GRACE;
+        return;
+    }
+    e->bytes = st.st_nlink <= 1 ? (long long)st.st_blocks * 512 : 0;
+    e->age = r->now - age_timestamp(r, &st);
+    if (!r->delete && is_open(r, e->ino)) { e->code = OPEN; return; }  /* a dry run's count is final */
+    if (!(e->age >= r->older_than)) { e->code = YOUNG; return; }
+    if (!r->delete) { e->code = EXPIRED; return; }
+    if (is_open(r, e->ino)) { e->code = OPEN; return; }
+    if (unlinkat(r->dir_fd, e->name, 0) != 0) {
+        e->code = UNLINK_ERROR;
+        e->err = errno;
+        return;
+    }
+    e->code = EXPIRED;
+}
+
+/* The Python-side result: (dirs, issues, gone, expired_files, expired_bytes, young, grace). */
+static PyObject *collect(PyObject *names, const entry_t *es, Py_ssize_t n, int delete) {
+    PyObject *dirs = PyList_New(0), *issues = PyList_New(0), *gone = PyList_New(0), *item;
+    long long files = 0, nbytes = 0, young = 0, grace = 0;
+    if (!dirs || !issues || !gone) goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const entry_t *e = &es[i];
+        PyObject *name = PyList_GET_ITEM(names, i);
+        item = NULL;
+        switch (e->code) {
+        case IS_DIR:
+            item = Py_BuildValue("(OK)", name, e->ino);
+            if (!item || PyList_Append(dirs, item) < 0) goto fail_item;
+            break;
+        case STAT_ERROR: case OTHER_DEV: case OPEN: case UNLINK_ERROR:
+            item = Py_BuildValue("(OiiKL)", name, e->code, e->err, e->ino, e->bytes);
+            if (!item || PyList_Append(issues, item) < 0) goto fail_item;
+            break;
+        case YOUNG: young++; break;
+        case GRACE: grace++; break;
+        case EXPIRED:
+            files++;
+            nbytes += e->bytes;
+            if (delete) {
+                item = Py_BuildValue("(OLd)", name, e->bytes, e->age);
+                if (!item || PyList_Append(gone, item) < 0) goto fail_item;
+            }
+            break;
+        default: break;
+        }
+        Py_XDECREF(item);
+    }
+    return Py_BuildValue("(NNNLLLL)", dirs, issues, gone, files, nbytes, young, grace);
+fail_item:
+    Py_XDECREF(item);
+fail:
+    Py_XDECREF(dirs);
+    Py_XDECREF(issues);
+    Py_XDECREF(gone);
+    return NULL;
+}
+
+static PyObject *age_batch(PyObject *self, PyObject *args) {
+    rule_t r;
+    (void)self;
+    PyObject *names, *result = NULL;
+    Py_buffer wanted = {0}, open_inos = {0};
+    if (!PyArg_ParseTuple(args, "iO!z*Kidddy*p", &r.dir_fd, &PyList_Type, &names, &wanted, &r.dev, &r.age_mask,
+                          &r.now, &r.older_than, &r.changed_after, &open_inos, &r.delete))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(names);
+    PyObject **encoded = NULL;
+    entry_t *es = NULL;
+    if (wanted.buf != NULL && wanted.len != n) {
+        PyErr_SetString(PyExc_ValueError, "wanted: one byte per name");
+        goto done;
+    }
+    if (open_inos.len % sizeof(uint64_t) != 0) {
+        PyErr_SetString(PyExc_ValueError, "open_inos: an array of uint64");
+        goto done;
+    }
+    r.open_inos = (const uint64_t *)open_inos.buf;
+    r.n_open = open_inos.len / (Py_ssize_t)sizeof(uint64_t);
+    encoded = PyMem_Calloc(n ? n : 1, sizeof(PyObject *));
+    es = PyMem_Calloc(n ? n : 1, sizeof(entry_t));
+    if (!encoded || !es) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *name = PyList_GET_ITEM(names, i);
+        if (!PyUnicode_Check(name)) {
+            PyErr_SetString(PyExc_TypeError, "names: a list of str");
+            goto done;
+        }
+        if (!(encoded[i] = PyUnicode_EncodeFSDefault(name))) goto done;
+        es[i].name = PyBytes_AS_STRING(encoded[i]);
+        es[i].wanted = wanted.buf == NULL || ((const char *)wanted.buf)[i] != 0;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) judge(&r, &es[i]);
+    Py_END_ALLOW_THREADS
+    result = collect(names, es, n, r.delete);
+done:
+    if (encoded)
+        for (Py_ssize_t i = 0; i < n; i++) Py_XDECREF(encoded[i]);
+    PyMem_Free(encoded);
+    PyMem_Free(es);
+    PyBuffer_Release(&wanted);
+    PyBuffer_Release(&open_inos);
+    return result;
+}
+
+/* linux_dirent64, as getdents64(2) fills it (glibc < 2.30 has no wrapper). */
+struct dirent64_rec {
+    uint64_t d_ino;
+    int64_t d_off;
+    unsigned short d_reclen;
+    unsigned char d_type;
+    char d_name[];
+};
+
+/* The names one getdents64 call returns (a few hundred to a thousand), [] at the end of the
+ * directory: os.listdir without reading a huge directory into memory at once. */
+static PyObject *read_names(PyObject *self, PyObject *args) {
+    int fd;
+    Py_ssize_t size = 32768;
+    long n;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "i|n", &fd, &size)) return NULL;
+    if (size < 1024) size = 1024;  /* room for the longest name */
+    char *buf = PyMem_Malloc(size);
+    if (!buf) return PyErr_NoMemory();
+    Py_BEGIN_ALLOW_THREADS
+    n = syscall(SYS_getdents64, fd, buf, (size_t)size);
+    Py_END_ALLOW_THREADS
+    PyObject *names = n < 0 ? PyErr_SetFromErrno(PyExc_OSError) : PyList_New(0);
+    for (long pos = 0; names && pos < n;) {
+        const struct dirent64_rec *d = (const struct dirent64_rec *)(buf + pos);
+        pos += d->d_reclen;
+        if (d->d_name[0] == '.' && (!d->d_name[1] || (d->d_name[1] == '.' && !d->d_name[2]))) continue;
+        PyObject *name = PyUnicode_DecodeFSDefault(d->d_name);
+        if (!name || PyList_Append(names, name) < 0) Py_CLEAR(names);
+        Py_XDECREF(name);
+    }
+    PyMem_Free(buf);
+    return names;
+}
+
+static PyMethodDef methods[] = {
+    {"read_names", read_names, METH_VARARGS,
+     "read_names(dir_fd, size=32768) -> the names one getdents64 call of size bytes reads, [] at the end"},
+    {"age_batch", age_batch, METH_VARARGS,
+     "age_batch(dir_fd, names, wanted, dev, age_mask, now, older_than, changed_after, open_inos, delete)\n"
+     "-> (dirs, issues, gone, expired_files, expired_bytes, young, grace)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_agescan", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__agescan(void) { return PyModule_Create(&module); }
