@@ -12,7 +12,7 @@ For each size (default 200k and 1M files) builds three identical trees (half of 
 and the RSS growth of the cleanup process (peak RSS during the run minus RSS before it).
 Targets (issue 15): cleanup <= 1.3x find -delete, dry run <= 1.5x find -print, RSS growth < 20 MiB.
 
-    PYTHONPATH=daemon python bench/cleanup_bench.py --files 200000 1000000
+    python bench/cleanup_bench.py --files 200000 1000000   # the installed trainguard
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ def build(root: str, files: int) -> None:
 CHILD = r"""
 import json, os, resource, sys, time
 from trainguard import config
+from trainguard.actions.cleanup import age_fast
 from trainguard.actions.cleanup.audit import AuditLog
 from trainguard.actions.cleanup.runner import CleanupRunner
 from trainguard.store.state import StateDb
@@ -64,14 +65,15 @@ t = time.perf_counter()
 rep = runner.run(pol, dry_run=dry)
 dt = time.perf_counter() - t
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(json.dumps({"seconds": dt, "files": rep.files, "growth_kib": peak - before}))
+print(json.dumps({"seconds": dt, "files": rep.files, "growth_kib": peak - before, "compiled": age_fast.ENABLED}))
 """
 
 
 def child(root: str, dry: bool, db: str, max_delete: str = "none") -> dict:
-    env = {**os.environ, "PYTHONPATH": os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "daemon")}
+    # The trainguard this interpreter imports: the installed one, or the source tree's with PYTHONPATH=daemon
+    # (after `python setup.py build_ext --inplace`, for the compiled loop).
     out = subprocess.run([sys.executable, "-c", CHILD, root, "dry" if dry else "real", db, max_delete],
-                         capture_output=True, text=True, env=env, check=True)
+                         capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
 
 
@@ -100,7 +102,7 @@ def one_size(base: str, files: int) -> dict:
     shutil.rmtree(a, ignore_errors=True)
     shutil.rmtree(b, ignore_errors=True)
     shutil.rmtree(c, ignore_errors=True)
-    return {"guarded": guarded["seconds"], "files": files, "find_print": print_s, "dry": dry["seconds"], "find_delete": delete_s,
+    return {"compiled": real["compiled"], "guarded": guarded["seconds"], "files": files, "find_print": print_s, "dry": dry["seconds"], "find_delete": delete_s,
             "cleanup": real["seconds"], "growth_mib": max(dry["growth_kib"], real["growth_kib"]) / 1024}
 
 
@@ -117,6 +119,8 @@ def main() -> None:
     print(f"{'files':>9} | {'find -delete':>12} | {'cleanup':>8} | {'ratio':>6} | {'find -print':>11} | "
           f"{'dry run':>8} | {'ratio':>6} | RSS growth | with max_delete (two passes)")
     for r in rows:
+        if not r["compiled"]:
+            print("(the age loop ran in Python: trainguard.actions.cleanup._agescan is not built)")
         print(f"{r['files']:>9} | {r['find_delete']:>11.2f}s | {r['cleanup']:>7.2f}s | "
               f"{r['cleanup'] / r['find_delete']:>5.2f}x | {r['find_print']:>10.2f}s | {r['dry']:>7.2f}s | "
               f"{r['dry'] / r['find_print']:>5.2f}x | {r['growth_mib']:>6.1f} MiB | "
