@@ -50,14 +50,11 @@ def _tree(root, seed: int) -> None:
         os.utime(link, (0, 0), follow_symlinks=False)  # old links: due like files
 
 
-def _run(tmp_path, name: str, compiled: bool, dry: bool, **kw):
+def _run(tmp_path, monkeypatch, name: str, compiled: bool, dry: bool, **kw):
     root = tmp_path / name
     _tree(root, 3)
-    age_fast.ENABLED = compiled
-    try:
-        report = runner(tmp_path, DAY).run(policy(name=name, roots=[str(root)], **kw), dry_run=dry)
-    finally:
-        age_fast.ENABLED = True
+    monkeypatch.setattr(age_fast, "ENABLED", compiled)
+    report = runner(tmp_path, DAY).run(policy(name=name, roots=[str(root)], **kw), dry_run=dry)
     return report, names(root)
 
 
@@ -81,9 +78,9 @@ def _top(report, root) -> list[tuple[int, int, str]]:
 @needs_extension
 @pytest.mark.parametrize("dry", [False, True], ids=["delete", "dry-run"])
 @pytest.mark.parametrize("kind", sorted(POLICIES))
-def test_the_compiled_loop_decides_as_the_python_loop(tmp_path, kind, dry):
-    fast, left_fast = _run(tmp_path, "fast", True, dry, **POLICIES[kind])
-    slow, left_slow = _run(tmp_path, "slow", False, dry, **POLICIES[kind])
+def test_the_compiled_loop_decides_as_the_python_loop(tmp_path, monkeypatch, kind, dry):
+    fast, left_fast = _run(tmp_path, monkeypatch, "fast", True, dry, **POLICIES[kind])
+    slow, left_slow = _run(tmp_path, monkeypatch, "slow", False, dry, **POLICIES[kind])
     assert left_fast == left_slow
     assert (fast.files, fast.bytes, fast.planned_files, fast.dirs_removed) == \
         (slow.files, slow.bytes, slow.planned_files, slow.dirs_removed)
