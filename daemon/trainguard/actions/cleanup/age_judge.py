@@ -1,5 +1,9 @@
 """How the age and cache kinds judge one entry (the same rules in both passes), and which
-directories their walk enters. Built once per run with the globs compiled: it runs per entry."""
+directories their walk enters. Built once per run with the globs compiled: it runs per entry.
+
+The compiled age loop (_agescan.c, driven by age_fast.py) applies make_judge's stat rules
+too, for age policies: a rule changed here is changed there, and
+tests/test_cleanup_fastpath.py compares the two on the same trees."""
 
 from __future__ import annotations
 
