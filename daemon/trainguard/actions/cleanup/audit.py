@@ -66,19 +66,19 @@ class AuditLog:
 
     def record(self, policy: str, mount: str, path: str, nbytes: int, files: int, reason: str) -> None:
         self._pending.append((self.clock(), policy, mount, printable(path), nbytes, files, reason))
-        total = self._totals.setdefault(policy, [0, 0])
-        total[0] += files
-        total[1] += nbytes
-        if len(self._pending) >= self.batch:
-            self._write_behind()
+        self._added(policy, files, nbytes)
 
     def record_files(self, policy: str, mount: str, files: list[tuple[str, int]], reason: str) -> None:
         """record() for many single files at once: (path, bytes) each, one reason."""
         now = self.clock()
         self._pending.extend([(now, policy, mount, printable(path), nbytes, 1, reason) for path, nbytes in files])
+        self._added(policy, len(files), sum(nbytes for _path, nbytes in files))
+
+    def _added(self, policy: str, files: int, nbytes: int) -> None:
+        """Count rows just recorded into the policy's totals; a full batch goes to be written."""
         total = self._totals.setdefault(policy, [0, 0])
-        total[0] += len(files)
-        total[1] += sum(nbytes for _path, nbytes in files)
+        total[0] += files
+        total[1] += nbytes
         if len(self._pending) >= self.batch:
             self._write_behind()
 
