@@ -1,0 +1,164 @@
+"""Whose process is it: the owner parsers on /proc/PID/cgroup, status and environ text as hosts write it.
+
+The cgroup samples follow what the runtimes create: docker (systemd and cgroupfs drivers), the
+kubelet's kubepods hierarchy with containerd and CRI-O, podman (root and rootless, crun's
+"container" sub-cgroup), slurmstepd's cgroup/v2 and cgroup/v1 trees. Near-misses that look alike
+(dockerd's own service, conmon's scope, a short id, a QoS slice without a pod, slurmstepd without a
+job) must give nothing."""
+
+from __future__ import annotations
+
+import pwd
+
+import pytest
+from trainguard.sources import owner
+from trainguard.sources.owner import CgroupFacts, Owner, owner_of, parse_cgroup, parse_environ, parse_uid
+
+CID = "9f1c6d9e3b2a4c5d8e7f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5"
+POD_UID = "3c5e9f7a-5b1d-4c2e-9f3a-1b2c3d4e5f60"
+POD_SLICE_UID = POD_UID.replace("-", "_")
+
+DOCKER_V1 = f"""12:hugetlb:/docker/{CID}
+11:memory:/docker/{CID}
+10:cpu,cpuacct:/docker/{CID}
+9:devices:/docker/{CID}
+8:pids:/docker/{CID}
+1:name=systemd:/docker/{CID}
+0::/system.slice/containerd.service
+"""
+DOCKER_V2 = f"0::/system.slice/docker-{CID}.scope\n"
+CONTAINERD_POD_V2 = (f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{POD_SLICE_UID}.slice/"
+                     f"cri-containerd-{CID}.scope\n")
+GUARANTEED_POD_V2 = f"0::/kubepods.slice/kubepods-pod{POD_SLICE_UID}.slice/cri-containerd-{CID}.scope\n"
+CRIO_POD_V1 = f"""11:memory:/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{POD_SLICE_UID}.slice/crio-{CID}.scope
+5:pids:/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{POD_SLICE_UID}.slice/crio-{CID}.scope
+1:name=systemd:/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{POD_SLICE_UID}.slice/crio-{CID}.scope
+"""
+CGROUPFS_POD_V1 = f"""11:cpuset:/kubepods/besteffort/pod{POD_UID}/{CID}
+4:memory:/kubepods/besteffort/pod{POD_UID}/{CID}
+1:name=systemd:/kubepods/besteffort/pod{POD_UID}/{CID}
+"""
+PODMAN_ROOTLESS_V2 = f"0::/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{CID}.scope/container\n"
+PODMAN_CGROUPFS_V1 = f"3:memory:/libpod_parent/libpod-{CID}\n"
+SLURM_V2 = "0::/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0\n"
+SLURM_V2_BATCH = "0::/system.slice/gpu-node-7_slurmstepd.scope/job_4243/step_batch/user/task_0\n"
+SLURM_V1 = """12:pids:/
+11:memory:/slurm/uid_1000/job_4242/step_0/task_0
+7:devices:/slurm/uid_1000/job_4242/step_0
+4:freezer:/slurm/uid_1000/job_4242/step_0
+1:name=systemd:/system.slice/slurmd.service
+"""
+
+
+@pytest.mark.parametrize("text,expected", [
+    (DOCKER_V1, CgroupFacts("docker", CID)),
+    (DOCKER_V2, CgroupFacts("docker", CID)),
+    (CONTAINERD_POD_V2, CgroupFacts("containerd", CID, POD_UID)),
+    (GUARANTEED_POD_V2, CgroupFacts("containerd", CID, POD_UID)),
+    (CRIO_POD_V1, CgroupFacts("cri-o", CID, POD_UID)),
+    (CGROUPFS_POD_V1, CgroupFacts(None, CID, POD_UID)),  # the cgroupfs driver does not name the runtime
+    (PODMAN_ROOTLESS_V2, CgroupFacts("podman", CID)),
+    (f"0::/machine.slice/libpod-{CID}.scope/container\n", CgroupFacts("podman", CID)),
+    (PODMAN_CGROUPFS_V1, CgroupFacts("podman", CID)),
+    (SLURM_V2, CgroupFacts(slurm_job="4242", slurm_step="0")),
+    (SLURM_V2_BATCH, CgroupFacts(slurm_job="4243", slurm_step="batch")),
+    (SLURM_V1, CgroupFacts(slurm_job="4242", slurm_step="0")),
+    ("0::/system.slice/slurmstepd.scope/job_77\n", CgroupFacts(slurm_job="77")),
+    # A reader in another cgroup namespace: its root is somewhere inside, or the path climbs out of it.
+    (f"0::/trainguard-test-12/system.slice/docker-{CID}.scope\n", CgroupFacts("docker", CID)),
+    ("0::/../../system.slice/slurmstepd.scope/job_4242/step_0/user/task_0\n", CgroupFacts(slurm_job="4242",
+                                                                                          slurm_step="0")),
+])
+def test_known_layouts(text, expected):
+    assert parse_cgroup(text) == expected
+
+
+@pytest.mark.parametrize("text", [
+    "0::/\n",
+    "0::/init.scope\n",
+    "0::/system.slice/docker.service\n",  # dockerd itself
+    "0::/system.slice/containerd.service\n",
+    f"0::/system.slice/crio-conmon-{CID}.scope\n",  # CRI-O's monitor process, not the container
+    f"0::/machine.slice/libpod-conmon-{CID}.scope\n",
+    f"0::/system.slice/docker-{CID[:12]}.scope\n",  # a short id is no id
+    f"0::/system.slice/docker-{CID.upper()}.scope\n",
+    f"0::/system.slice/{CID}\n",  # a bare id under no known parent
+    "0::/user.slice/user-1000.slice/session-3.scope\n",
+    "0::/kubepods.slice/kubepods-burstable.slice\n",  # a QoS slice, no pod
+    "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podnot-a-uid.slice\n",
+    f"0::/mypods/pod{POD_UID}/{CID}\n",  # pod<uid> not under kubepods
+    f"0::/system.slice/kubepods-burstable-pod{POD_SLICE_UID}.slice\n",  # pod slice outside kubepods.slice
+    "0::/system.slice/slurmstepd.scope\n",  # slurmstepd itself, no job
+    "0::/system.slice/slurmstepd.scope/job_abc/step_0\n",
+    "0::/system.slice/slurmd.service\n",
+    "11:memory:/slurm/uid_1000\n",
+    "11:memory:/slurm/job_4242/step_0\n",  # v1 layout without its uid_ level
+    "garbage\nno colons here\n12:memory\n",
+    "",
+])
+def test_near_misses_give_nothing(text):
+    assert parse_cgroup(text) == CgroupFacts()
+
+
+def test_uid_is_the_real_one():
+    status = "Name:\tpython3\nUmask:\t0022\nState:\tS (sleeping)\nUid:\t1000\t0\t0\t0\nGid:\t1000\t1000\t1000\t1000\n"
+    assert parse_uid(status) == 1000
+    assert parse_uid("Name:\tx\n") is None
+
+
+def test_environ_keeps_only_the_named_keys():
+    data = b"HOME=/root\0AWS_SECRET_ACCESS_KEY=abc/def\0SLURM_JOB_ID=4242\0SLURM_JOB_ACCOUNT=nlp\0WANDB_API_KEY=k\0"
+    assert parse_environ(data) == {"SLURM_JOB_ID": "4242", "SLURM_JOB_ACCOUNT": "nlp"}
+
+
+def _passwd(uid: int) -> pwd.struct_passwd:
+    if uid == 1000:
+        return pwd.struct_passwd(("alice", "x", 1000, 1000, "", "/home/alice", "/bin/bash"))
+    raise KeyError(uid)
+
+
+STATUS_1000 = "Uid:\t1000\t1000\t1000\t1000\n"
+
+
+def test_pod_name_from_downward_api_only_inside_a_pod():
+    env = {"POD_NAMESPACE": "ml", "POD_NAME": "train-7f"}
+    in_pod = owner_of(CONTAINERD_POD_V2, STATUS_1000, env, _passwd)
+    assert in_pod == Owner("containerd", CID, POD_UID, "ml", "train-7f", user="alice", uid=1000)
+    # The same variables in a plain docker container do not make it a pod.
+    assert owner_of(DOCKER_V2, STATUS_1000, env, _passwd) == Owner("docker", CID, user="alice", uid=1000)
+    # Values that are no Kubernetes names are dropped, not passed on to labels and titles.
+    bad = owner_of(CONTAINERD_POD_V2, STATUS_1000, {"POD_NAMESPACE": "ML Team", "POD_NAME": "x;rm"}, _passwd)
+    assert bad.namespace is None and bad.pod is None and bad.pod_uid == POD_UID
+
+
+def test_slurm_job_account_and_user():
+    env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_ACCOUNT": "nlp", "SLURM_JOB_USER": "alice"}
+    got = owner_of(SLURM_V2, STATUS_1000, env, _passwd)
+    assert (got.slurm_job, got.slurm_step, got.slurm_account, got.slurm_user, got.user) == \
+        ("4242", "0", "nlp", "alice", "alice")
+    # Another job's variables (inherited by a process moved into this job) do not lend it their account.
+    other = owner_of(SLURM_V2, STATUS_1000, {**env, "SLURM_JOB_ID": "99"}, _passwd)
+    assert other.slurm_job == "4242" and other.slurm_account is None and other.slurm_user is None
+    # No Slurm cgroup plugin: the job's own variables still say it.
+    bare = owner_of("0::/user.slice/user-1000.slice/session-3.scope\n", STATUS_1000,
+                    {**env, "SLURM_STEP_ID": "2"}, _passwd)
+    assert (bare.slurm_job, bare.slurm_step, bare.slurm_account) == ("4242", "2", "nlp")
+
+
+def test_unknown_uid_falls_back_to_its_number():
+    assert owner_of("0::/\n", "Uid:\t4000123\t4000123\t4000123\t4000123\n", {}, _passwd) == \
+        Owner(user="4000123", uid=4000123)
+    assert owner_of("0::/\n", "", {}).empty
+
+
+def test_environ_is_read_only_where_it_can_say_something(tmp_path):
+    proc = tmp_path / "7"
+    proc.mkdir()
+    (proc / "status").write_text(STATUS_1000)
+    (proc / "environ").write_bytes(b"SLURM_JOB_ID=4242\0SLURM_JOB_ACCOUNT=nlp\0X=" + b"y" * owner.ENVIRON_LIMIT)
+    (proc / "cgroup").write_text(DOCKER_V2)
+    got = owner.read_owner(str(tmp_path), 7)  # a plain container: its environment is left alone
+    assert got.container_id == CID and got.runtime == "docker" and got.slurm_job is None
+    (proc / "cgroup").write_text(SLURM_V2)
+    assert owner.read_owner(str(tmp_path), 7).slurm_account == "nlp"
+    assert owner.read_owner(str(tmp_path), 8).empty  # gone
