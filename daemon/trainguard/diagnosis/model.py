@@ -6,13 +6,23 @@ import dataclasses
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from trainguard.records import LogMatch
 
 _CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt", ".safetensors", ".bin", ".h5", ".pkl", ".npz", ".tar")
 _LOG_SUFFIXES = (".log", ".out", ".err", ".txt", ".jsonl", ".csv")
 CATEGORY_RANK = {"tfevents": 0, "checkpoint": 1, "log": 2, "other": 3}
+MAX_OWNERS = 8  # distinct owners one stall names (a DDP job's ranks share one): bounds the metric's series
+
+
+def distinct_owners(owners: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Each non-empty owner once, in order, at most MAX_OWNERS."""
+    out: list[dict[str, Any]] = []
+    for o in owners:
+        if o and dict(o) not in out and len(out) < MAX_OWNERS:
+            out.append(dict(o))
+    return out
 
 
 def file_category(path: str) -> str:
@@ -69,6 +79,7 @@ class ProcessView:
     io_delta: Mapping[str, int]
     remote_files: tuple[FileView, ...]  # on network/FUSE mounts, tfevents and checkpoints first
     inferred_from: str = ""  # non-empty: NVML did not name this PID; what it holds made us pick it
+    owner: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # sources.owner.Owner's known fields
 
     @property
     def label(self) -> str:
@@ -94,6 +105,10 @@ class Diagnosis:
     timed_out: bool = False  # the enrichment did not finish within its deadline: this is what was known
     # The verdict as facts (case, process, file, mount, ...): what diagnosis.words renders in a language.
     facts: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def owners(self) -> list[dict[str, Any]]:
+        """The distinct owners of its processes (what a stall alert names and routes on), at most MAX_OWNERS."""
+        return distinct_owners(v.owner for v in self.processes)
 
     def to_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(dataclasses.asdict(self), default=str))

@@ -7,11 +7,12 @@ info: the fix is to write locally and mirror to the share ([[mirror]])."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 from trainguard.diagnosis.model import FileView
 from trainguard.diagnosis.threads import remote_fd_flags, remote_files
-from trainguard.diagnosis.verdict import MIRROR_HINT, short_command
+from trainguard.diagnosis.verdict import EN, MIRROR_HINT, short_command
+from trainguard.diagnosis.words import owner_text
 from trainguard.records import Finding, FsSample, Severity
 from trainguard.sources import procs
 
@@ -28,18 +29,24 @@ class GpuProcessRef:
     inferred_from: str = ""
 
 
-def risky_files(proc_root: str, pid: int, probes: Sequence[FsSample], now: float) -> tuple[str, list[FileView]]:
-    """(command line, its files on network/FUSE mounts that it holds open for writing and that are risky)."""
+def risky_files(proc_root: str, pid: int, probes: Sequence[FsSample],
+                now: float) -> tuple[str, list[FileView], dict[str, Any]]:
+    """(command line, its files on network/FUSE mounts that it holds open for writing and that are risky,
+    its owner's known fields)."""
     info = procs.inspect_process(proc_root, pid)
     if info is None:
-        return "", []
+        return "", [], {}
     files = remote_files(info, probes, now, remote_fd_flags(proc_root, info))
-    return " ".join(info.cmdline) or info.name, [f for f in files if f.writing and f.category in RISKY_CATEGORIES]
+    return (" ".join(info.cmdline) or info.name, [f for f in files if f.writing and f.category in RISKY_CATEGORIES],
+            info.owner.to_dict())
 
 
-def _finding(ref: GpuProcessRef, cmdline: str, mount_point: str, files: list[FileView]) -> Finding:
+def _finding(ref: GpuProcessRef, cmdline: str, mount_point: str, files: list[FileView],
+             owner: Mapping[str, Any] | None = None) -> Finding:
     first = files[0]
     who = f"PID {ref.pid} [{short_command(cmdline)}]" + (" (inferred)" if ref.inferred_from else "")
+    if owner:
+        who += f", {owner_text(owner, EN)},"
     more = f" and {len(files) - 1} more" if len(files) > 1 else ""
     return Finding(
         key=f"gpu.risky_write:{ref.pid}:{mount_point}",
@@ -49,7 +56,8 @@ def _finding(ref: GpuProcessRef, cmdline: str, mount_point: str, files: list[Fil
         details={"pid": ref.pid, "gpu": ref.gpu, "cmdline": cmdline, "mountpoint": mount_point,
                  "fstype": first.fstype, "files": [f.path for f in files],
                  "categories": sorted({f.category for f in files}),
-                 "attribution": f"inferred: {ref.inferred_from}" if ref.inferred_from else "nvml"},
+                 "attribution": f"inferred: {ref.inferred_from}" if ref.inferred_from else "nvml",
+                 **({"owners": [dict(owner)]} if owner else {})},
         labels={"mountpoint": mount_point, "gpu": str(ref.gpu)},
         hint=(f"a slow or hung share stalls the job: {MIRROR_HINT} (moving logs to local disk made "
               "training 28 % faster in the field report)"),
@@ -65,9 +73,9 @@ def risky_writes(refs: Sequence[GpuProcessRef], proc_root: str, probes: Sequence
         if ref.pid in seen:
             continue
         seen.add(ref.pid)
-        cmdline, files = risky_files(proc_root, ref.pid, probes, now)
+        cmdline, files, owner = risky_files(proc_root, ref.pid, probes, now)
         by_mount: dict[str, list[FileView]] = {}
         for f in files:
             by_mount.setdefault(f.mount_point, []).append(f)
-        findings.extend(_finding(ref, cmdline, mount, group) for mount, group in sorted(by_mount.items()))
+        findings.extend(_finding(ref, cmdline, mount, group, owner) for mount, group in sorted(by_mount.items()))
     return findings

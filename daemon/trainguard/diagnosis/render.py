@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from trainguard.diagnosis.model import Diagnosis, ProcessView
-from trainguard.diagnosis.words import remedy_text, verdict_text
+from trainguard.diagnosis.words import owner_text, remedy_text, verdict_text
 from trainguard.i18n import Gettext, tr
 from trainguard.redact import scrub
 from trainguard.units import format_bytes, format_duration
+
+DETAIL_KEYS = ("runtime", "container_id", "pod_uid", "slurm_step", "slurm_user", "uid")  # the rest, for a person
 
 
 def _process_head(v: ProcessView) -> str:
@@ -31,6 +33,10 @@ def _process_lines(v: ProcessView, _: Gettext) -> list[str]:
     if v.used_memory_bytes is not None:
         head += _(", {used} VRAM").format(used=format_bytes(v.used_memory_bytes))
     lines = [head]
+    if v.owner:
+        extra = [f"{k}={str(v.owner[k])[:36]}" for k in DETAIL_KEYS if k in v.owner]
+        lines.append(_("    owner: {owner}").format(owner=owner_text(v.owner, _))
+                     + (f" [{', '.join(extra)}]" if extra else ""))
     if v.inferred_from:
         lines.append(_("    attribution INFERRED (NVML's PIDs do not resolve here): {evidence}").format(
             evidence=v.inferred_from))

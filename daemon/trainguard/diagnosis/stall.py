@@ -33,7 +33,8 @@ from trainguard.diagnosis.threads import (
     remote_fd_flags,
     view_process,
 )
-from trainguard.diagnosis.verdict import build_diagnosis, timed_out, verdict_and_remedy
+from trainguard.diagnosis.verdict import EN, build_diagnosis, timed_out, verdict_and_remedy
+from trainguard.diagnosis.words import owner_text
 from trainguard.diagnosis.worker import BoundedWorker, Children
 from trainguard.records import Finding, GpuSample, Snapshot
 from trainguard.sources import procs
@@ -233,8 +234,9 @@ class StallDiagnoser:
                 self._late.discard(finding.key)
                 self._updates.add(finding.key)
             details = {**finding.details, "diagnosis": d.to_dict(), "verdict": d.verdict,
-                       "attribution": d.attribution, "diagnosis_timed_out": d.timed_out}
-            out.append(dataclasses.replace(finding, summary=f"{finding.summary} — {d.verdict}",
+                       "attribution": d.attribution, "diagnosis_timed_out": d.timed_out, "owners": d.owners()}
+            owned = f"; {owner_text(details['owners'][0], EN)}" if details["owners"] else ""
+            out.append(dataclasses.replace(finding, summary=f"{finding.summary} — {d.verdict}{owned}",
                                            details=details, hint=d.remedy))
         return out
 

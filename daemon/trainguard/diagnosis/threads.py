@@ -86,7 +86,7 @@ def view_process(host_pid: int | None, pid: int | None, note: str, used_memory: 
     moved, delta = io_change(io_before, info.io)
     return ProcessView(host_pid, pid, True, note, " ".join(info.cmdline) or info.name, info.container_id,
                        info.state, used_memory, blocked_threads(info, python_threads or {}), len(info.threads),
-                       moved, delta, remote_files(info, probes, now, flags), inferred_from)
+                       moved, delta, remote_files(info, probes, now, flags), inferred_from, info.owner.to_dict())
 
 
 def remote_fd_flags(proc_root: str, info: ProcessInfo) -> dict[int, int | None]:

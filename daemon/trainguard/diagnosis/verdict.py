@@ -43,6 +43,8 @@ def process_facts(v: ProcessView, t: ThreadView | None = None) -> dict[str, Any]
     out: dict[str, Any] = {"pid": v.pid if v.inferred_from else v.host_pid, "command": short_command(v.cmdline)}
     if v.inferred_from:
         out["inferred"] = v.inferred_from.split(";")[0]
+    if v.owner:
+        out["owner"] = dict(v.owner)
     if t is not None:
         out.update(thread=t.name, thread_os=t.os_name)
     return out

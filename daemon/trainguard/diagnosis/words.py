@@ -38,6 +38,34 @@ def who_text(p: Facts, _: Gettext) -> str:
     return text
 
 
+OWNER_SEP = N_(", ")
+
+
+def owner_text(o: Facts, _: Gettext) -> str:
+    """"pod ml/train-7f (user alice, Slurm job 4242)": who a process belongs to; "" when nothing is known.
+
+    The pod leads, else the container, else the Slurm job, else the user; the rest follows in brackets."""
+    lead = ""
+    if o.get("namespace") and o.get("pod"):
+        lead = _("pod {namespace}/{pod}").format(namespace=o["namespace"], pod=o["pod"])
+    elif o.get("pod_uid"):
+        lead = _("pod {uid}").format(uid=o["pod_uid"])
+    elif o.get("container_id"):
+        cid = str(o["container_id"])[:12]
+        lead = (_("{runtime} container {id}").format(runtime=o["runtime"], id=cid) if o.get("runtime")
+                else _("container {id}").format(id=cid))
+    job = _("Slurm job {job}").format(job=o["slurm_job"]) if o.get("slurm_job") else ""
+    if not lead:
+        lead, job = job, ""
+    rest = [_("user {user}").format(user=o["user"])] if o.get("user") else []
+    rest += [job] if job else []
+    if o.get("slurm_account"):
+        rest.append(_("account {account}").format(account=o["slurm_account"]))
+    if not lead and rest:
+        lead, rest = rest[0], rest[1:]
+    return _("{lead} ({rest})").format(lead=lead, rest=_(OWNER_SEP).join(rest)) if rest else lead
+
+
 def _on(f: Facts, _: Gettext) -> str:
     text = _(" on {fstype} at {mount}").format(fstype=f["fstype"], mount=f["mount"])
     if f.get("unresponsive_s") is not None:

@@ -44,6 +44,19 @@ def _stall_why(f: Finding, _: Gettext) -> str:
     return _("Diagnosis: {verdict}.").format(verdict=plain(str(verdict)))
 
 
+def owners_sentence(f: Finding, _: Gettext) -> str:
+    """" Owner: pod ml/train-7f (user alice, Slurm job 4242)." from the finding's owners; "" when unknown."""
+    from trainguard.diagnosis.words import owner_text
+
+    owners = [o for o in f.details.get("owners") or () if isinstance(o, dict) and o]
+    if not owners:
+        return ""
+    names = [owner_text(o, _) for o in owners[:3]]
+    more = _(" and {n} more").format(n=len(owners) - 3) if len(owners) > 3 else ""
+    return (_(" Owner: {owner}.") if len(names) == 1 else _(" Owners: {owners}.")).format(
+        owner=names[0], owners=_("; ").join(names) + more)
+
+
 @renders("gpu.stall")
 def _gpu_stall(f: Finding, _: Gettext) -> Texts:
     d, gpu = f.details, _gpu(f)
@@ -54,7 +67,7 @@ def _gpu_stall(f: Finding, _: Gettext) -> Texts:
         subject=_("GPU {gpu} stall").format(gpu=gpu),
         what=_("GPU {gpu}{name} holds {used} of {total} VRAM but has been {util} busy for {stalled}.").format(
             gpu=gpu, name=name, used=format_bytes(d["memory_used_bytes"]), total=format_bytes(d["memory_total_bytes"]),
-            util=format_ratio(d["util_mean_ratio"]), stalled=stalled),
+            util=format_ratio(d["util_mean_ratio"]), stalled=stalled) + owners_sentence(f, _),
         why=_stall_why(f, _),
         step=_stall_step(f, gpu, _))
 
@@ -143,7 +156,7 @@ def _gpu_risky_write(f: Finding, _: Gettext) -> Texts:
         subject=_("GPU {gpu} writes on {mp}").format(gpu=gpu, mp=short_path(mp)),
         what=_("PID {pid} ({command}) on GPU {gpu} writes {what} on {fstype} {mp}: {file}{more}.").format(
             pid=d["pid"], command=short_command(str(d.get("cmdline") or "")), gpu=gpu, what=what,
-            fstype=d["fstype"], mp=mp, file=files[0], more=more),
+            fstype=d["fstype"], mp=mp, file=files[0], more=more) + owners_sentence(f, _),
         why=_("When that share slows down or hangs, the training job stalls with it (moving logs to local "
               "disk made training 28 % faster in a field report)."),
         step=_("Write locally and mirror to the share with trainguard's [[mirror]]."))

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from trainguard.records import Mount
 from trainguard.sources.mounts import parse_mountinfo
+from trainguard.sources.owner import Owner, read_owner
 
 # Kernel wait channels that mean "waiting on a filesystem", even in S state: a write to a
 # hung FUSE mount sleeps interruptibly in request_wait_answer, NFS/SMB in rpc_/nfs_/cifs_.
@@ -88,6 +89,7 @@ class ProcessInfo:
     io: IoCounters | None
     fds: tuple[OpenFd, ...]
     mounts: tuple[Mount, ...]  # the process's own mount namespace view
+    owner: Owner = Owner()  # container, pod, Slurm job, user (sources.owner)
 
 
 def is_blocked(state: str, wchan: str) -> bool:
@@ -265,16 +267,18 @@ def inspect_process(proc_root: str, pid: int, machine: str | None = None) -> Pro
     if status_text is None:
         return None
     status = parse_status(status_text)
+    cgroup_text = _read(f"{proc_root}/{pid}/cgroup") or ""
     return ProcessInfo(
         pid=pid,
         name=status.get("Name", ""),
         state=(status.get("State", "?") or "?")[:1],
         cmdline=read_cmdline(proc_root, pid),
-        container_id=container_id(_read(f"{proc_root}/{pid}/cgroup") or ""),
+        container_id=container_id(cgroup_text),
         threads=read_threads(proc_root, pid, machine),
         io=read_io(proc_root, pid),
         fds=read_fds(proc_root, pid),
         mounts=tuple(parse_mountinfo(_read(f"{proc_root}/{pid}/mountinfo") or "")),
+        owner=read_owner(proc_root, pid, cgroup_text, status_text),
     )
 
 
