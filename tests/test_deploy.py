@@ -49,7 +49,8 @@ def exported_names() -> set[str]:
                     row_remap_pending=False, row_remap_failure=False, xid_counts={79: 1})
     snap = Snapshot(1.0, (FsSample(m, 1.0, usage),), (DiskIo("sda1", 8, 1, 0.5, 1.0, 1.0, 1.0),), gpus=(gpu,),
                     gpu_status=NvmlStatus(NvmlState.OK))
-    stall = Finding("gpu.stall:0", Severity.CRITICAL, "x", details={"stalled_for_s": 1.0}, labels={"gpu": "0"})
+    stall = Finding("gpu.stall:0", Severity.CRITICAL, "x", details={"stalled_for_s": 1.0, "owners": [{"user": "alice"}]},
+                    labels={"gpu": "0"})
     checkpoint = Finding("fs.next_checkpoint:/data", Severity.CRITICAL, "x")
     r = Readings(snap, 1.0, 0.1, fill_eta={"/data": 10.0}, findings=(stall, checkpoint), cleanup_freed={"p": 1},
                  notify_failures={"t": 1})

@@ -106,6 +106,32 @@ def test_gpu_stall_comes_from_the_detector_and_labels_carry_no_pids():
             assert not {"pid", "path", "file"} & set(s.labels), s
 
 
+def test_stall_owners_are_labels_of_the_stall_series_only_and_bounded():
+    gpus = (GpuSample(0, "GPU-aaa", "H100", 1.0, util_ratio=0.0, memory_used_bytes=70 * 2**30,
+                      memory_total_bytes=80 * 2**30),
+            GpuSample(1, "GPU-bbb", "H100", 1.0, util_ratio=0.9, memory_used_bytes=10 * 2**30,
+                      memory_total_bytes=80 * 2**30))
+    pod = {"runtime": "containerd", "container_id": "c0ffee00" * 8, "pod_uid": "3c5e9f7a-5b1d-4c2e-9f3a-1b2c3d4e5f60",
+           "namespace": "ml", "pod": "train-7f", "user": "alice", "uid": 1000}
+    job = {"slurm_job": "4242", "slurm_step": "0", "slurm_account": "nlp", "user": "bob", "uid": 1001}
+    # Ranks of one job differ only in what is not a label: they share one series.
+    owners = [pod, {**pod, "uid": 0}, job] + [{"user": f"u{i}"} for i in range(20)]
+    stall = Finding(key="gpu.stall:0", severity=Severity.CRITICAL, summary="GPU 0 stalled",
+                    details={"stalled_for_s": 900.0, "owners": owners[:8]}, labels={"gpu": "0"})
+    families = scrape(Readings(Snapshot(ts=1.0, gpus=gpus), ts=1.0, cycle_duration_s=0.0, findings=(stall,)))
+    series = families["trainguard_gpu_stall_process_seconds"]
+    assert value(families, "trainguard_gpu_stall_process_seconds", gpu="0", namespace="ml", pod="train-7f",
+                 container="c0ffee00c0ff", slurm_job="", user="alice") == 900
+    assert value(families, "trainguard_gpu_stall_process_seconds", slurm_job="4242", user="bob", pod="") == 900
+    assert len(series) == 7 and {s.labels["gpu"] for s in series} == {"0"}  # 8 owners, two alike; GPU 1 none
+    assert set(series[0].labels) == {"gpu", "uuid", "namespace", "pod", "container", "slurm_job", "user"}
+    for name, samples in families.items():  # on no other family
+        if name != "trainguard_gpu_stall_process_seconds":
+            assert not any("user" in s.labels or "slurm_job" in s.labels for s in samples), name
+    calm = scrape(Readings(Snapshot(ts=1.0, gpus=gpus), ts=1.0, cycle_duration_s=0.0))
+    assert "trainguard_gpu_stall_process_seconds" not in calm
+
+
 # ---------------------------------------------------------------- a running daemon
 
 

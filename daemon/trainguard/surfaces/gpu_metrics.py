@@ -30,6 +30,10 @@ from trainguard.sources.nvml import THROTTLE_REASONS
 
 GPU_LABELS = ("gpu", "uuid")
 STALL_KIND = "gpu.stall"
+# Whose processes a stalled GPU holds: a small fixed label set, on the stall series only. A stall names at
+# most diagnosis.model.MAX_OWNERS (8) distinct owners, so this family has at most 8 series per stalled GPU
+# and none when nothing is stalled; no PID, command line or path is ever a label.
+OWNER_LABELS = ("namespace", "pod", "container", "slurm_job", "user")
 
 
 def gpu_stalls(findings: tuple[Finding, ...]) -> dict[str, float]:
@@ -40,6 +44,29 @@ def gpu_stalls(findings: tuple[Finding, ...]) -> dict[str, float]:
             gpu = f.labels.get("gpu") or f.key.split(":", 1)[1]
             stalls[gpu] = float(f.details.get("stalled_for_s") or 0.0)
     return stalls
+
+
+def owner_labels(owner: Mapping[str, object]) -> tuple[str, ...]:
+    """OWNER_LABELS' values of one owner (sources.owner fields); the container as its 12-hex short id."""
+    values = {"namespace": owner.get("namespace"), "pod": owner.get("pod"),
+              "container": str(owner.get("container_id") or "")[:12], "slurm_job": owner.get("slurm_job"),
+              "user": owner.get("user")}
+    return tuple(str(values[name] or "")[:64] for name in OWNER_LABELS)
+
+
+def stall_owners(findings: tuple[Finding, ...]) -> dict[str, list[tuple[str, ...]]]:
+    """gpu index -> the distinct owner label values of its stalled processes (diagnosed stalls only)."""
+    out: dict[str, list[tuple[str, ...]]] = {}
+    for f in findings:
+        if f.kind != STALL_KIND:
+            continue
+        gpu = f.labels.get("gpu") or f.key.split(":", 1)[1]
+        seen = out.setdefault(gpu, [])
+        for owner in f.details.get("owners") or ():
+            labels = owner_labels(owner) if isinstance(owner, Mapping) else None
+            if labels and any(labels) and labels not in seen:
+                seen.append(labels)
+    return out
 
 
 def nvml_state(status: NvmlStatus) -> Metric:
@@ -73,6 +100,10 @@ class _Families:
         self.stalled = _gauge("trainguard_gpu_stalled",
                               "1 while VRAM is held but the GPU does no work (the stall detector)")
         self.stall_s = _gauge("trainguard_gpu_stall_seconds", "How long the current stall has lasted; 0 when none")
+        self.stall_owner = _gauge("trainguard_gpu_stall_process_seconds",
+                                  "How long the GPU has stalled, per owner of its processes (Kubernetes namespace "
+                                  "and pod, container short id, Slurm job, user; empty when unknown); at most 8 "
+                                  "series per stalled GPU, absent when none", *OWNER_LABELS)
         self.lost = _gauge("trainguard_gpu_lost", "1 when the driver reports the GPU lost (fallen off the bus)")
         self.temp = _gauge("trainguard_gpu_temperature_celsius", "GPU core temperature (DCGM_FI_DEV_GPU_TEMP)")
         self.power = _gauge("trainguard_gpu_power_watts", "Power draw (DCGM_FI_DEV_POWER_USAGE)")
@@ -103,6 +134,12 @@ class _Families:
                                     "1 when a row remap waits for a GPU reset to take effect")
         self.remap_failure = _gauge("trainguard_gpu_row_remap_failure",
                                     "1 when row remapping failed: the GPU needs service (DCGM_FI_DEV_ROW_REMAP_FAILURE)")
+
+    def add_owners(self, g: GpuSample, stall_s: float | None, owners: list[tuple[str, ...]]) -> None:
+        if stall_s is None or g.lost:
+            return
+        for labels in owners:
+            self.stall_owner.add_metric((str(g.index), g.uuid) + labels, stall_s)
 
     def add(self, g: GpuSample, stall_s: float | None) -> None:
         labels = (str(g.index), g.uuid)
@@ -153,6 +190,8 @@ def gpu_families(status: NvmlStatus | None, gpus: tuple[GpuSample, ...],
         return
     families = _Families()
     stalls: Mapping[str, float] = gpu_stalls(findings)
+    owners = stall_owners(findings)
     for g in gpus:
         families.add(g, stalls.get(str(g.index)))
+        families.add_owners(g, stalls.get(str(g.index)), owners.get(str(g.index), []))
     yield from families.all()
