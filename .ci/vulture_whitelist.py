@@ -18,6 +18,9 @@ _.msg  # redact.py: the logging.LogRecord field a filter rewrites
 _.socket_connect_timeout  # notify/apprise_sender.py: set on apprise's plugin objects
 _.socket_read_timeout
 model_config  # config/base.py: pydantic's model settings
+_.slurm_account  # sources/owner.py: Owner fields read through asdict() (to_dict), never by name
+_.slurm_user
+_.user
 FINDING_KINDS  # actions/guard_inbox.py: the finding kinds its keys are built from, read by tests/test_i18n.py
 
 # The in-training-loop API (guard/, integrations/): used by training scripts, not by the daemon.

@@ -148,7 +148,7 @@ def test_slurm_job_account_and_user():
 def test_unknown_uid_falls_back_to_its_number():
     assert owner_of("0::/\n", "Uid:\t4000123\t4000123\t4000123\t4000123\n", {}, _passwd) == \
         Owner(user="4000123", uid=4000123)
-    assert owner_of("0::/\n", "", {}).empty
+    assert owner_of("0::/\n", "", {}).to_dict() == {}
 
 
 def test_environ_is_read_only_where_it_can_say_something(tmp_path):
@@ -161,4 +161,4 @@ def test_environ_is_read_only_where_it_can_say_something(tmp_path):
     assert got.container_id == CID and got.runtime == "docker" and got.slurm_job is None
     (proc / "cgroup").write_text(SLURM_V2)
     assert owner.read_owner(str(tmp_path), 7).slurm_account == "nlp"
-    assert owner.read_owner(str(tmp_path), 8).empty  # gone
+    assert owner.read_owner(str(tmp_path), 8).to_dict() == {}  # gone

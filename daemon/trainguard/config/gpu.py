@@ -51,6 +51,9 @@ class Gpu(Strict):
     # NVML reports host PIDs. "auto": trust them when our /proc is the host PID namespace.
     host_pid_namespace: Literal["auto", "yes", "no"] = "auto"
     py_spy: bool = True  # name Python threads with `py-spy dump` when it is installed
+    # What trainguard does about a stall besides alerting: "none", or "notify-owner": the alert also goes to
+    # the owner routes ([[notify.targets]] with `owners`) of the stalled processes. Never a signal to them.
+    act: Literal["none", "notify-owner"] = "none"
 
     def rule_for(self, index: int, uuid: str = "", name: str = "") -> GpuRule:
         values: dict[str, Any] = {"vram_ratio": self.vram_ratio, "util_floor": self.util_floor,

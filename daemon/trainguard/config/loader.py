@@ -60,6 +60,16 @@ class Config(Strict):
         check_mirror_names(self.cleanup, self.mirror)
         return self
 
+    @model_validator(mode="after")
+    def _owner_routes(self) -> "Config":
+        routes = [t.name for t in self.notify.targets if t.owners]
+        if self.gpu.act == "notify-owner" and not routes:
+            raise ValueError('[gpu] act = "notify-owner" needs a [[notify.targets]] with owners = ["user=...", ...]')
+        if self.gpu.act != "notify-owner" and routes:
+            raise ValueError(f"notify targets {', '.join(map(repr, routes))} have owners, but [gpu] act is not "
+                             '"notify-owner": set it to route stall alerts to owners')
+        return self
+
 
 class ConfigError(Exception):
     """One or more problems in a config; str() is one line per problem, each naming where it came from

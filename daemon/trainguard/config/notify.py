@@ -10,6 +10,10 @@ from trainguard.config.base import Strict
 from trainguard.config.types import Duration, PositiveDuration
 
 
+# What an owner route matches on: the owner facts of a GPU process (sources.owner), by these names.
+OWNER_KEYS = ("user", "namespace", "pod", "slurm_account", "slurm_user", "slurm_job")
+
+
 class NotifyTarget(Strict):
     """One apprise URL. The URL carries tokens and passwords: it is only ever shown redacted."""
 
@@ -25,12 +29,20 @@ class NotifyTarget(Strict):
     timeout: PositiveDuration = 10.0  # one delivery attempt (connect and read) gives up after this
     # The language of this target's messages ("en", "zh"); unset: [notify] language.
     language: Literal["en", "zh"] | None = None
+    # An owner route ([gpu] act = "notify-owner"): only alerts about GPU processes of these owners reach it,
+    # "key=value" with key one of OWNER_KEYS and a value or glob ("user=alice", "namespace=team-*").
+    owners: list[str] = []
 
     @model_validator(mode="after")
     def _has_scheme(self) -> "NotifyTarget":
         if "://" not in self.url:
             raise ValueError(f"target {self.name!r}: url must be an apprise URL like dingtalk://... or "
                              f"mailtos://... (value hidden)")
+        for owner in self.owners:
+            key, sep, value = owner.partition("=")
+            if not sep or key not in OWNER_KEYS or not value:
+                raise ValueError(f"target {self.name!r}: owners entry {owner!r} must be key=value with key one of "
+                                 f"{', '.join(OWNER_KEYS)}")
         return self
 
 

@@ -10,6 +10,7 @@ code, no tables). The JSON payload carries the same facts as stable English fiel
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -214,3 +215,13 @@ def finding_tags(f: Finding) -> frozenset[str]:
     """What target `tags` route on: the detector ("fs.usage"), its family ("fs"), labels as name=value."""
     kind = f.kind
     return frozenset({kind, kind.split(".", 1)[0], *(f"{k}={v}" for k, v in f.labels.items())})
+
+
+def owned_by(f: Finding, routes: Sequence[str]) -> bool:
+    """Does any GPU process the finding names (details["owners"]) match one "key=value-or-glob" route?"""
+    owners = [o for o in f.details.get("owners") or () if isinstance(o, Mapping)]
+    for route in routes:
+        key, _, pattern = route.partition("=")
+        if any(key in o and fnmatch.fnmatchcase(str(o[key]), pattern) for o in owners):
+            return True
+    return False

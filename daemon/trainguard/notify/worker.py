@@ -21,7 +21,7 @@ from typing import Callable, Protocol, Sequence
 from trainguard.clock import Clock, SystemClock
 from trainguard.config import Notify, NotifyTarget
 from trainguard.notify.apprise_sender import AppriseSender, Delivery, rate_limit_of
-from trainguard.notify.messages import MAX_LISTED, Message, compose, finding_tags
+from trainguard.notify.messages import MAX_LISTED, Message, compose, finding_tags, owned_by
 from trainguard.notify.outbox import Outbox, backoff, memory_outbox
 from trainguard.records import AlertEvent, Severity
 from trainguard.redact import Redactor, redact_url
@@ -74,8 +74,10 @@ def below_floor(target: NotifyTarget, severity: Severity) -> bool:
 
 
 def accepts(target: NotifyTarget, event: AlertEvent) -> bool:
-    """The target's severity floor and tag routing."""
+    """The target's severity floor, its owner route ([gpu] act = "notify-owner") and tag routing."""
     if below_floor(target, event.finding.severity):
+        return False
+    if target.owners and not owned_by(event.finding, target.owners):
         return False
     return not target.tags or bool(finding_tags(event.finding) & set(target.tags))
 

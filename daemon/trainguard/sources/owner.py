@@ -81,10 +81,6 @@ class Owner:
         """The known fields only (what the diagnosis JSON and the finding carry)."""
         return {k: v for k, v in asdict(self).items() if v is not None}
 
-    @property
-    def empty(self) -> bool:
-        return not self.to_dict()
-
 
 @dataclass(frozen=True, slots=True)
 class CgroupFacts:
