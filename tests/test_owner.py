@@ -162,3 +162,39 @@ def test_environ_is_read_only_where_it_can_say_something(tmp_path):
     (proc / "cgroup").write_text(SLURM_V2)
     assert owner.read_owner(str(tmp_path), 7).slurm_account == "nlp"
     assert owner.read_owner(str(tmp_path), 8).to_dict() == {}  # gone
+
+
+@pytest.mark.parametrize("facts,en,zh", [
+    ({"namespace": "ml", "pod": "train-7f", "pod_uid": POD_UID, "container_id": CID, "runtime": "containerd",
+      "user": "alice", "slurm_job": "4242"}, "pod ml/train-7f (user alice, Slurm job 4242)",
+     "pod ml/train-7f（用户 alice、Slurm 作业 4242）"),
+    ({"pod_uid": POD_UID, "container_id": CID}, f"pod {POD_UID}", f"pod {POD_UID}"),
+    ({"runtime": "docker", "container_id": CID, "user": "root"}, f"docker container {CID[:12]} (user root)",
+     f"docker 容器 {CID[:12]}（用户 root）"),
+    ({"container_id": CID}, f"container {CID[:12]}", f"容器 {CID[:12]}"),
+    ({"slurm_job": "4242", "slurm_account": "nlp", "user": "alice"}, "Slurm job 4242 (user alice, account nlp)",
+     "Slurm 作业 4242（用户 alice、账户 nlp）"),
+    ({"user": "alice", "uid": 1000}, "user alice", "用户 alice"),
+    ({}, "", ""),
+])
+def test_owner_is_said_short_in_english_and_chinese(facts, en, zh):
+    from trainguard.diagnosis.words import owner_text
+    from trainguard.i18n import tr
+
+    assert owner_text(facts, tr("en")) == en
+    assert owner_text(facts, tr("zh")) == zh
+
+
+def test_diagnose_screen_has_an_owner_line():
+    from trainguard.diagnosis.model import Diagnosis, ProcessView
+    from trainguard.diagnosis.render import render
+
+    owner = {"runtime": "containerd", "container_id": CID, "pod_uid": POD_UID, "namespace": "ml", "pod": "train-7f",
+             "user": "alice", "uid": 1000}
+    view = ProcessView(4242, 4242, True, "", "python train.py", CID, "S", None, (), 3, None, {}, (), owner=owner)
+    d = Diagnosis(0, "A100", None, None, (), None, (view,), (), "v", "r")
+    text = render(d)
+    assert (f"    owner: pod ml/train-7f (user alice) [runtime=containerd, container_id={CID[:36]}, "
+            f"pod_uid={POD_UID}, uid=1000]") in text
+    assert "    归属：pod ml/train-7f（用户 alice）" in render(d, "zh")
+    assert d.to_dict()["processes"][0]["owner"] == owner and d.owners() == [owner]

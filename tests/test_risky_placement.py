@@ -3,12 +3,16 @@ FUSE share gets an info finding before anything hangs; reading from the share or
 
 from __future__ import annotations
 
+import os
+import pwd
 import subprocess
 import sys
 import textwrap
 
 import pytest
 from trainguard.diagnosis.stall import StallDiagnoser
+from trainguard.i18n import tr
+from trainguard.notify.texts import texts_for
 from trainguard.records import Severity, Snapshot
 from trainguard.sources.gpu import GpuSampler
 
@@ -65,6 +69,10 @@ def test_gpu_process_writing_events_and_checkpoints_on_a_share_gets_one_info_fin
     assert finding.details["categories"] == ["checkpoint", "tfevents"]
     assert finding.details["fstype"] == fs.fstype and finding.details["attribution"] == "nvml"
     assert "[[mirror]]" in finding.hint and "28 %" in finding.hint
+    # Whose process it is: here at least its user (the test's own), in the details, summary and alert.
+    me = pwd.getpwuid(os.getuid()).pw_name
+    assert finding.details["owners"][0]["user"] == me and f"user {me}" in finding.summary
+    assert f"user {me}" in texts_for(finding, tr("en")).what and f"用户 {me}" in texts_for(finding, tr("zh")).what
 
 
 def test_the_daemon_gets_the_finding_from_the_worker_without_waiting(share_writer):
