@@ -201,6 +201,7 @@ def test_diagnose_command_in_a_subprocess_with_the_fake_on_pythonpath(tmp_path):
         assert d["processes"][0]["host_pid"] == holder.pid and d["processes"][0]["resolved"]
         assert d["util_recent"] == [0.97]  # heartbeat fresh: the fake reports the job as computing
         assert "no thread blocked on I/O" in d["verdict"]
+        assert d["processes"][0]["owner"]["uid"] == os.getuid()  # whose it is (here: no container, no job)
     finally:
         holder.kill()
         holder.wait()
