@@ -90,10 +90,21 @@ def test_mirror_once_on_a_hung_dest_exits_nonzero_in_seconds_naming_dest_and_mou
         assert f"not on {share}:" in line and f"{slowfs.mountpoint} (fuse.autodlfs) does not answer statfs" in line
         assert slowfs.stats()["calls"].get("mkdir", 0) == 0, "no copier was started on the hung share"
         assert recorded_copiers(tmp_path) == {}
+        waiting = slowfs.stats()["waiting"]
+        assert waiting.get("statfs") == 1, f"the probe child waits in the kernel, the command is gone: {waiting}"
+
+        started = time.monotonic()
+        again = trainguard("-c", str(config), "mirror", "--once", timeout=60)
+        again_took = time.monotonic() - started
+        assert again.returncode == 1 and again_took < HUNG_BOUND
+        [line] = [x for x in again.stderr.splitlines() if x.startswith("runs:")]
+        assert f"{slowfs.mountpoint} (fuse.autodlfs) does not answer statfs" in line and "earlier probe" in line
+        assert slowfs.stats()["waiting"]["statfs"] == 1, "run again, it starts no second probe to get stuck"
     finally:
         slowfs.reset()
     assert trainguard("-c", str(config), "mirror", "--once").returncode == 0, "the share answers again: copied"
-    print(f"mirror --once on a hung dest: {took:.2f}s (bound {HUNG_BOUND:.0f}s)")
+    print(f"mirror --once on a hung dest: {took:.2f}s, run again while it hangs: {again_took:.2f}s "
+          f"(bound {HUNG_BOUND:.0f}s)")
 
 
 @pytest.mark.parametrize("slowfs", [{"name": "autodlfs"}], indirect=True)
