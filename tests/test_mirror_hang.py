@@ -30,6 +30,7 @@ from tests.support.fake_daemon import Recorder
 from tests.test_mirror import runner_for, write
 
 HUNG_BOUND = 15.0  # what a user waits at most for `mirror --once` on a hung share, start-up included
+PROBE_TIMEOUT = configmod.Config().filesystems.probe_timeout
 
 
 def copiers(pid: int | None = None, *, besides: tuple[int, ...] = ()) -> list[int]:
@@ -90,16 +91,17 @@ def test_mirror_once_on_a_hung_dest_exits_nonzero_in_seconds_naming_dest_and_mou
         assert f"not on {share}:" in line and f"{slowfs.mountpoint} (fuse.autodlfs) does not answer statfs" in line
         assert slowfs.stats()["calls"].get("mkdir", 0) == 0, "no copier was started on the hung share"
         assert recorded_copiers(tmp_path) == {}
-        waiting = slowfs.stats()["waiting"]
-        assert waiting.get("statfs") == 1, f"the probe child waits in the kernel, the command is gone: {waiting}"
+        # (>= 1: any other statfs of this mount, a `df` or another daemon on this machine, waits as well)
+        assert slowfs.stats()["waiting"].get("statfs", 0) >= 1, "the probe child waits in the kernel"
 
         started = time.monotonic()
         again = trainguard("-c", str(config), "mirror", "--once", timeout=60)
         again_took = time.monotonic() - started
-        assert again.returncode == 1 and again_took < HUNG_BOUND
+        assert again.returncode == 1
         [line] = [x for x in again.stderr.splitlines() if x.startswith("runs:")]
         assert f"{slowfs.mountpoint} (fuse.autodlfs) does not answer statfs" in line and "earlier probe" in line
-        assert slowfs.stats()["waiting"]["statfs"] == 1, "run again, it starts no second probe to get stuck"
+        # A new probe would have been waited for probe_timeout (5s): run again, it starts none to get stuck.
+        assert again_took < PROBE_TIMEOUT, f"{again_took:.1f}s"
     finally:
         slowfs.reset()
     assert trainguard("-c", str(config), "mirror", "--once").returncode == 0, "the share answers again: copied"

@@ -128,18 +128,15 @@ class MirrorRunner:
         kernel keeps, or one another process started (a daemon before its reload or restart, the command)."""
         if self.stuck is not None and self._reaped(self.stuck):
             self.stuck = None
-            self.record.copier_gone()
         row = self.record.copier()
         if row is not None and self.stuck is None and not row.alive():
             self.record.copier_gone()
             row = None
-        if row is None and self.stuck is None:
-            return None
-        if row is None or row.stuck_since is not None:
-            pid, op, path, since = (row.pid, row.op, row.path, row.stuck_since) if row else (self.stuck.pid, "", "",
-                                                                                            None)
-            return "unresponsive", stuck_reason(pid, op, path, self.clock.time() - (since or self.clock.time()))
-        return "error", f"another copy to {self.mirror.dest} is under way (copier pid {row.pid}, of another process)"
+        if row is None:
+            return None if self.stuck is None else ("unresponsive", stuck_reason(self.stuck.pid, "", "", 0.0))
+        if row.stuck_since is None:
+            return "error", f"another copy to {self.mirror.dest} is under way (copier pid {row.pid}, of another process)"
+        return "unresponsive", stuck_reason(row.pid, row.op, row.path, self.clock.time() - row.stuck_since)
 
     def _state(self, rnd: _Round, *, with_reason: bool = True) -> MirrorState:
         """The stored state (totals, last_ok) with this round's pending files and, optionally, its reason."""
