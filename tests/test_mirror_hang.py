@@ -109,8 +109,9 @@ def test_mirror_once_on_a_hung_dest_exits_nonzero_in_seconds_naming_dest_and_mou
           f"(bound {HUNG_BOUND:.0f}s)")
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 @pytest.mark.parametrize("slowfs", [{"name": "autodlfs"}], indirect=True)
-def test_sigterm_to_mirror_once_kills_and_reaps_its_copier(tmp_path, slowfs):
+def test_sigterm_to_mirror_once_kills_and_reaps_its_copier(tmp_path, slowfs, signum):
     write(tmp_path / "src" / "ckpt.pt", os.urandom(16 * 2**20))
     share = Path(slowfs.mountpoint) / "runs"
     slowfs.delay("write", 0.05)  # a slow share that still answers: the copy takes about 6 s
@@ -124,10 +125,10 @@ def test_sigterm_to_mirror_once_kills_and_reaps_its_copier(tmp_path, slowfs):
         [copier] = copiers(cli.pid)
         while not slowfs.stats()["calls"].get("write") and time.monotonic() < deadline:
             time.sleep(0.02)  # the copy is under way on the share
-        cli.send_signal(signal.SIGTERM)
+        cli.send_signal(signum)  # SIGINT: Ctrl-C, which the copier (in its own session) does not get
         _, err = cli.communicate(timeout=15)
-        assert cli.returncode == 128 + signal.SIGTERM, err
-        assert "mirror stopped by SIGTERM" in err and "stopped before the copy finished" in err
+        assert cli.returncode == 128 + signum, err
+        assert f"mirror stopped by {signum.name}" in err and "stopped before the copy finished" in err
         assert not psutil.pid_exists(copier), "the copier was killed and reaped, not left behind"
         assert recorded_copiers(tmp_path) == {}
         assert not (share / "ckpt.pt").exists(), "no torn copy under the final name"
