@@ -292,6 +292,12 @@ class MirrorState:
     last_ok: float | None = None  # wall time a round last ended with everything copied
     reason: str = ""  # why the last round did not copy everything; "" when it did
     reason_kind: str = ""  # "unresponsive", "full", "permission", "changing", "error" or ""
+    # A copier killed for no progress that the kernel still holds (a request the share never answers):
+    # its PID, the operation and path it sits in, and since when. None/"" when there is none.
+    stuck_pid: int | None = None
+    stuck_op: str = ""
+    stuck_path: str = ""
+    stuck_since: float | None = None
 
     def lag(self, now: float) -> float:
         """Seconds the oldest not-yet-copied change has waited (0 when everything is on the share)."""

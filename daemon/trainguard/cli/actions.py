@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from trainguard.cli.common import EXIT_CONFIG, EXIT_CRITICAL, EXIT_OK, load
@@ -63,7 +64,9 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
 
 
 def cmd_mirror(args: argparse.Namespace) -> int:
-    """Run the mirrors once now: exit 0 when everything is on the share, 1 with one line per reason otherwise."""
+    """Run the mirrors once now: exit 0 when everything is on the share, 1 with one line per reason otherwise.
+    SIGTERM or SIGINT ends the copy (its copier killed and reaped) and exits 128 + the signal."""
+    from trainguard.actions.mirror.probe import probe_dest
     from trainguard.actions.mirror.runner import MirrorRunner
     from trainguard.store.state import StateDb, choose_state_dir
     from trainguard.units import format_bytes
@@ -82,20 +85,53 @@ def cmd_mirror(args: argparse.Namespace) -> int:
         return EXIT_OK
     db = StateDb(choose_state_dir(args.state_dir or loaded.config.general.state_dir))
     status = EXIT_OK
-    for mirror in chosen:
-        conn = db.connect()
-        try:
-            runner = MirrorRunner.open(mirror, conn)
-            before = runner.record.states()[0].bytes_total
-            state = runner.run()
-        finally:
-            conn.close()
-        copied = format_bytes(state.bytes_total - before)
-        if state.pending_files or state.reason:
-            status = EXIT_CRITICAL
-            print(f"{mirror.name}: {state.pending_files} files ({format_bytes(state.pending_bytes)}) not on "
-                  f"{mirror.dest}: {state.reason or 'not copied'} ({copied} copied)", file=sys.stderr)
-        else:
-            print(f"{mirror.name}: everything on {mirror.dest} ({copied} copied)")
+    with _Interrupts() as interrupts:
+        for mirror in chosen:
+            if interrupts.signum:
+                break
+            # The daemon's statfs probe of the dest's mount first: a share that hangs ends the round in seconds.
+            problem = probe_dest(mirror.dest, loaded.config.filesystems.probe_timeout)
+            conn = db.connect()
+            try:
+                runner = interrupts.runner = MirrorRunner.open(mirror, conn)
+                if interrupts.signum:
+                    runner.stop()
+                before = runner.record.states()[0].bytes_total
+                state = runner.run(problem)
+            finally:
+                conn.close()
+            copied = format_bytes(state.bytes_total - before)
+            if state.pending_files or state.reason:
+                status = EXIT_CRITICAL
+                print(f"{mirror.name}: {state.pending_files} files ({format_bytes(state.pending_bytes)}) not on "
+                      f"{mirror.dest}: {state.reason or 'not copied'} ({copied} copied)", file=sys.stderr)
+            else:
+                print(f"{mirror.name}: everything on {mirror.dest} ({copied} copied)")
+    if interrupts.signum:
+        print(f"trainguard: mirror stopped by {signal.Signals(interrupts.signum).name}", file=sys.stderr)
+        return 128 + interrupts.signum
     return status
 
+
+class _Interrupts:
+    """SIGTERM and SIGINT stop the running round (its copier is killed and reaped) instead of killing this
+    process at once, which would leave the copier running on its own."""
+
+    def __init__(self) -> None:
+        self.signum = 0
+        self.runner = None
+        self._previous: dict[int, object] = {}
+
+    def _handle(self, signum: int, _frame) -> None:
+        self.signum = signum
+        if self.runner is not None:
+            self.runner.stop()
+
+    def __enter__(self) -> "_Interrupts":
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)

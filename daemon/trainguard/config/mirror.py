@@ -28,6 +28,10 @@ class Mirror(Strict):
     lag_warning: Duration = Field(900.0, gt=0)
     # One file's copy that makes no progress for this long is killed and retried later.
     file_timeout: Duration = Field(300.0, gt=0)
+    # A metadata operation on the share (mkdir, create, rename, utime, unlink) that makes no progress for this
+    # long is killed too: those answer at once from a live share, and waiting `file_timeout` for one only
+    # delays the verdict on a hung share.
+    meta_timeout: Duration = Field(20.0, gt=0)
 
     @model_validator(mode="after")
     def _paths(self) -> "Mirror":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from trainguard.records import Finding, Severity
+from trainguard.records import Finding, MirrorState, Severity
 from trainguard.units import format_duration
 
 if TYPE_CHECKING:
@@ -34,8 +34,15 @@ def detect(inp: DetectorInput) -> list[Finding]:
             summary=f"mirror {state.name}: changes not on {state.dest} for {format_duration(lag)} ({reason})",
             details={"mirror": state.name, "dest": state.dest, "lag_s": round(lag, 1),
                      "pending_files": state.pending_files, "pending_bytes": state.pending_bytes,
-                     "reason": reason, "reason_kind": state.reason_kind or "copying"},
+                     "reason": reason, "reason_kind": state.reason_kind or "copying", **_stuck(state)},
             labels={"mirror": state.name},
             value=lag, threshold=limit,
             hint=HINTS.get(state.reason_kind, "a large first copy takes time; see `trainguard status`")))
     return findings
+
+
+def _stuck(state: MirrorState) -> dict:
+    """The copier the kernel keeps in a request the share never answers (it cannot be killed), if any."""
+    if state.stuck_pid is None:
+        return {}
+    return {"stuck_pid": state.stuck_pid, "stuck_op": state.stuck_op, "stuck_path": state.stuck_path}

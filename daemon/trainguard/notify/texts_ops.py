@@ -82,6 +82,10 @@ def _mirror_lag(f: Finding, _: Gettext) -> Texts:
     cause = _(MIRROR_CAUSES[kind])
     if kind == "error" and d.get("reason"):
         cause = _("Copying fails: {reason}.").format(reason=d["reason"])
+    if d.get("stuck_pid"):
+        cause += " " + _("Its copier (PID {pid}) is stuck in the kernel in {op} {path} and ends only when the share "
+                         "answers; trainguard starts no other.").format(pid=d["stuck_pid"], op=d.get("stuck_op") or "?",
+                                                                       path=short_path(d.get("stuck_path") or "", 40))
     return Texts(
         fact=_("mirror {name} {lag} behind").format(name=name, lag=lag),
         subject=_("mirror {name}").format(name=name),

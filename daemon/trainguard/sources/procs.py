@@ -167,6 +167,16 @@ def read_state(proc_root: str, pid: int) -> str | None:
     return tail[0] if tail else None
 
 
+def read_start(proc_root: str, pid: int) -> tuple[str, int] | None:
+    """(state, start time in clock ticks since boot) of a process; None when it is gone. The start time tells
+    a process from a later one that reuses its PID."""
+    text = _read(f"{proc_root}/{pid}/stat")
+    tail = text[text.rfind(")") + 1:].split() if text else []
+    if len(tail) < 20 or not tail[19].isdigit():
+        return None
+    return tail[0], int(tail[19])
+
+
 def read_io(proc_root: str, pid: int) -> IoCounters | None:
     text = _read(f"{proc_root}/{pid}/io")
     return parse_io(text) if text is not None else None

@@ -283,6 +283,9 @@ def mirrors_doc(snapshot: Snapshot, cfg: configmod.Config, now: float) -> list[d
             "pending_files": s.pending_files if s else None, "pending_bytes": s.pending_bytes if s else None,
             "bytes_total": s.bytes_total if s else 0, "errors_total": s.errors_total if s else 0,
             "last_ok": format_iso_utc(s.last_ok) if s else None, "reason": s.reason if s else "",
+            "stuck_copier": ({"pid": s.stuck_pid, "op": s.stuck_op, "path": s.stuck_path,
+                              "since": format_iso_utc(s.stuck_since) if s.stuck_since else None}
+                             if s and s.stuck_pid is not None else None),
         })
     return out
 

@@ -32,6 +32,9 @@ FATAL = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.ENOTCONN, errno.ESTALE, 
          errno.EHOSTDOWN, errno.ENODEV}  # the share as a whole is unusable: stop the round
 
 
+_worker = threading.local()  # .index: the copy thread's number, in its report lines
+
+
 class SourceChanged(Exception):
     """The local file shrank or was rewritten while it was copied."""
 
@@ -52,6 +55,9 @@ class Emitter:
         self._flusher.start()
 
     def __call__(self, **event) -> None:
+        w = getattr(_worker, "index", None)
+        if w is not None:  # which copy thread: the supervisor times each thread's open operation on its own
+            event["w"] = w
         line = json.dumps(event) + "\n"
         with self._lock:
             self._queue.append(line)
@@ -133,10 +139,16 @@ class Copier:
     def run(self, jobs: list[dict], temps: list[str], workers: int = WORKERS) -> None:
         for tmp in temps:
             self.remove_temp(tmp)
+        self.emit(ev="ready")  # the earlier copies' temporary files are dealt with
         self._abort = threading.Event()
         todo = iter(jobs)  # next() on a list iterator is atomic: each job goes to one thread
-        threads = [threading.Thread(target=lambda: [self.one(job) for job in todo], daemon=True)
-                   for _ in range(min(workers, len(jobs)))]
+
+        def work(index: int) -> None:
+            _worker.index = index
+            for job in todo:
+                self.one(job)
+
+        threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(min(workers, len(jobs)))]
         for t in threads:
             t.start()
         for t in threads:
@@ -219,6 +231,7 @@ class Copier:
         os.rename(tmp, final)
 
     def _finish(self, out: int, st: os.stat_result, path: str) -> None:
+        self.emit.op("utime", path)
         try:
             os.fchmod(out, st.st_mode & 0o7777)
         except OSError:

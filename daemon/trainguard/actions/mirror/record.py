@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from trainguard.records import MirrorState
+from trainguard.sources.procs import read_start, read_threads
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS mirror_files (
@@ -42,6 +43,14 @@ CREATE TABLE IF NOT EXISTS mirror_runs (
     reason TEXT NOT NULL DEFAULT '',
     reason_kind TEXT NOT NULL DEFAULT '',
     dest TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS mirror_copiers (
+    mirror TEXT PRIMARY KEY,     -- at most one copier per mirror, whichever process started it
+    pid INTEGER NOT NULL,
+    start_ticks INTEGER NOT NULL, -- its start time (/proc/PID/stat): a later process reusing the PID is not it
+    op TEXT NOT NULL DEFAULT '', -- once stuck: the operation on the share it sits in, and the path
+    path TEXT NOT NULL DEFAULT '',
+    stuck_since REAL             -- wall time it was killed and the kernel kept it; NULL: still copying
 );
 """
 
@@ -118,6 +127,30 @@ class Record:
     def temp_gone(self, path: bytes) -> None:
         self._write("DELETE FROM mirror_temps WHERE mirror = ? AND path = ?", [(self.mirror, path)])
 
+    def copier(self) -> CopierRow | None:
+        """The copier some process started for this mirror and has not seen end (it may be gone since)."""
+        self.flush()
+        return copier_rows(self.conn).get(self.mirror)
+
+    def copier_started(self, pid: int) -> None:
+        """Written at once: another process (the daemon, `trainguard mirror`) must not start a second one."""
+        seen = read_start("/proc", pid)
+        self.flush()
+        with self.conn:
+            self.conn.execute("INSERT OR REPLACE INTO mirror_copiers (mirror, pid, start_ticks) VALUES (?, ?, ?)",
+                              (self.mirror, pid, seen[1] if seen else -1))
+
+    def copier_stuck(self, pid: int, op: str, path: str, since: float) -> None:
+        self.flush()
+        with self.conn:
+            self.conn.execute("UPDATE mirror_copiers SET op = ?, path = ?, stuck_since = ? WHERE mirror = ? AND pid = ?",
+                              (op, path, since, self.mirror, pid))
+
+    def copier_gone(self) -> None:
+        self.flush()
+        with self.conn:
+            self.conn.execute("DELETE FROM mirror_copiers WHERE mirror = ?", (self.mirror,))
+
     def states(self) -> list[MirrorState]:
         self.flush()
         return read_states(self.conn, [self.mirror])
@@ -145,6 +178,31 @@ class Record:
         return self.states()[0]
 
 
+@dataclass(frozen=True, slots=True)
+class CopierRow:
+    pid: int
+    start_ticks: int
+    op: str
+    path: str
+    stuck_since: float | None
+
+    def alive(self, proc_root: str = "/proc") -> bool:
+        """Still there, and not a later process with its PID. A killed copier shows as a zombie as soon as its
+        main thread is gone, while a copy thread still sits in the share's request: it counts until that ends."""
+        seen = read_start(proc_root, self.pid)
+        if seen is None or seen[1] != self.start_ticks:
+            return False
+        return seen[0] not in ("Z", "X") or any(t.state not in ("Z", "X") for t in read_threads(proc_root, self.pid))
+
+
+def copier_rows(conn: sqlite3.Connection) -> dict[str, CopierRow]:
+    try:
+        rows = conn.execute("SELECT mirror, pid, start_ticks, op, path, stuck_since FROM mirror_copiers").fetchall()
+    except sqlite3.OperationalError:  # a state db from before copiers were recorded
+        return {}
+    return {r[0]: CopierRow(*r[1:]) for r in rows}
+
+
 def read_states(conn: sqlite3.Connection, names: Iterable[str] | None = None) -> list[MirrorState]:
     """Each mirror's last stored state (for `status` and a restarted daemon); [] before any mirror ran."""
     try:
@@ -153,10 +211,17 @@ def read_states(conn: sqlite3.Connection, names: Iterable[str] | None = None) ->
     except sqlite3.OperationalError:  # no mirror has run against this database
         return []
     wanted = set(names) if names is not None else None
+    copiers = {name: c for name, c in copier_rows(conn).items() if c.stuck_since is not None and c.alive()}
     return [MirrorState(name=r[0], dest=r[1], ts=r[2] or 0.0, oldest_pending=r[3], pending_files=r[4],
                         pending_bytes=r[5], bytes_total=r[6], errors_total=r[7], last_ok=r[8], reason=r[9],
-                        reason_kind=r[10])
+                        reason_kind=r[10], **_stuck(copiers.get(r[0])))
             for r in rows if wanted is None or r[0] in wanted]
+
+
+def _stuck(c: CopierRow | None) -> dict:
+    if c is None:
+        return {}
+    return {"stuck_pid": c.pid, "stuck_op": c.op, "stuck_path": c.path, "stuck_since": c.stuck_since}
 
 
 def last_copy(conn: sqlite3.Connection, mirror: str, rel: bytes) -> Copied | None:

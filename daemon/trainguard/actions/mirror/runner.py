@@ -1,10 +1,13 @@
 """One mirror round: plan on this thread, copy in a child process, kill the child when a file stops moving.
 
 The supervisor only reads the child's report lines (with a short poll), so it never waits on the
-share itself: a share that hangs costs one `file_timeout`, then the child is killed (SIGKILL) and
-the round ends with the reason. The kernel may not let it go at once (a FUSE request the server
-already holds is waited out even after SIGKILL): such a child is kept and polled, and no second
-copier starts for this mirror until it is gone, so a hung share never piles up copiers.
+share itself: a share that hangs costs one `meta_timeout` (a mkdir, create, rename that does not
+return) or `file_timeout` (a write or fsync that moves nothing), then the child is killed (SIGKILL)
+and the round ends with the reason. The kernel may not let it go at once (a FUSE request the server
+already holds is waited out even after SIGKILL): such a child is kept, recorded as stuck (PID,
+operation, path) and polled. Every copier is recorded in the state db while it lives, and no
+process (this one, a reloaded or restarted daemon, `trainguard mirror`) starts a second one for the
+mirror until it is gone, so a hung share never piles up copiers.
 """
 
 from __future__ import annotations
@@ -43,6 +46,10 @@ REASONS = {
     errno.ESTALE: ("unresponsive", "dest unresponsive: stale file handle (ESTALE)"),
     errno.ETIMEDOUT: ("unresponsive", "dest unresponsive: timed out (ETIMEDOUT)"),
 }
+# Operations that answer at once from a live share: no progress on one for `meta_timeout` is a hang.
+# write and fsync move data and may take long on a slow share: they get `file_timeout`.
+META_OPS = frozenset({"mkdir", "create", "rename", "unlink", "utime"})
+FINISHING = frozenset({"done", "fail", "changed", "vanished", "temp_gone", "ready"})  # end a thread's operation
 _RANK = {"": 0, "changing": 1, "error": 2, "permission": 3, "full": 4, "unresponsive": 5}
 
 
@@ -56,6 +63,7 @@ class _Round:
     op: str = "start"
     path: str = ""
     moved: int = 0
+    ops: dict = field(default_factory=dict)  # copy thread -> (operation, path) it has started and not finished
 
     def problem(self, kind: str, reason: str) -> None:
         if _RANK[kind] > _RANK[self.kind]:
@@ -100,19 +108,35 @@ class MirrorRunner:
         planned = self.record.pending(self._state(rnd, with_reason=False))  # `status` sees a round that hangs
         if on_plan is not None:
             on_plan(planned)
-        if self.stuck is not None and not self._reaped(self.stuck):
-            rnd.problem("unresponsive", f"dest unresponsive: the copier killed earlier (pid {self.stuck.pid}) "
-                                        "is still stuck in the kernel")
+        busy = self._copier_busy()
+        if busy:
+            rnd.problem(*busy)
         elif dest_problem:
             rnd.problem("unresponsive", dest_problem)
+        elif self._stop.is_set():
+            rnd.problem("error", "stopped before the copy started")
         else:
-            self.stuck = None
             temps = self.record.temps()
             if rnd.pending or temps:
                 self._copy(rnd, temps)
         if problems:
             rnd.problem("error", f"cannot read {problems[0]}")
         return self.record.finish(self._state(rnd))
+
+    def _copier_busy(self) -> tuple[str, str] | None:
+        """(kind, reason) when a copier of this mirror is still alive: the one this runner killed and the
+        kernel keeps, or one another process started (a daemon before its reload or restart, the command)."""
+        if self.stuck is not None and self._reaped(self.stuck):
+            self.stuck = None
+        row = self.record.copier()
+        if row is not None and self.stuck is None and not row.alive():
+            self.record.copier_gone()
+            row = None
+        if row is None:
+            return None if self.stuck is None else ("unresponsive", stuck_reason(self.stuck.pid, "", "", 0.0))
+        if row.stuck_since is None:
+            return "error", f"another copy to {self.mirror.dest} is under way (copier pid {row.pid}, of another process)"
+        return "unresponsive", stuck_reason(row.pid, row.op, row.path, self.clock.time() - row.stuck_since)
 
     def _state(self, rnd: _Round, *, with_reason: bool = True) -> MirrorState:
         """The stored state (totals, last_ok) with this round's pending files and, optionally, its reason."""
@@ -134,6 +158,7 @@ class MirrorRunner:
         request = {"source": self.mirror.source, "dest": self.mirror.dest, "jobs": jobs,
                    "temps": [os.fsdecode(t) for t in temps]}
         proc = self._spawn()
+        self.record.copier_started(proc.pid)
         try:
             proc.stdin.write(json.dumps(request).encode())
             proc.stdin.close()
@@ -141,9 +166,11 @@ class MirrorRunner:
             pass
         try:
             errors = self._supervise(proc, rnd)
-        except BaseException:  # a supervisor bug must not leave a copier running on its own
-            self._kill(proc)
+        except BaseException:  # a supervisor bug or an interrupt must not leave a copier running on its own
+            self._kill(proc, rnd)
             raise
+        if self.stuck is not proc:
+            self.record.copier_gone()
         if proc.returncode not in (0, None) and proc.returncode != -signal.SIGKILL and not rnd.reason:
             rnd.problem("error", f"copier exited with {proc.returncode}: {errors.strip()[-300:]}")
 
@@ -154,7 +181,6 @@ class MirrorRunner:
         for stream in (proc.stdout, proc.stderr):
             sel.register(stream.fileno(), selectors.EVENT_READ)
         last = flushed = self.clock.monotonic()
-        timeout = self.mirror.file_timeout
         try:
             while sel.get_map():
                 for key, _ in sel.select(self.poll):
@@ -173,14 +199,14 @@ class MirrorRunner:
                     self.record.flush()
                     flushed = last
                 if self._stop.is_set():
-                    self._kill(proc)
                     rnd.problem("error", "stopped before the copy finished")
+                    self._kill(proc, rnd)
                     break
-                if self.clock.monotonic() - last >= timeout:
-                    self._kill(proc)
+                hung = self._hung(rnd, self.clock.monotonic() - last)
+                if hung:
+                    rnd.problem("unresponsive", hung)
+                    self._kill(proc, rnd)
                     self.record.error()
-                    rnd.problem("unresponsive", f"dest unresponsive: {rnd.op} {rnd.path} made no progress for "
-                                                f"{format_duration(timeout)}")
                     break
         finally:
             self.record.flush()
@@ -200,19 +226,42 @@ class MirrorRunner:
             return False
         return True
 
-    def _kill(self, proc: subprocess.Popen) -> None:
+    def _hung(self, rnd: _Round, quiet: float) -> str:
+        """Why the copier counts as hung after `quiet` seconds without a report line; "" while it does not.
+        A metadata operation still open in any copy thread gets the short `meta_timeout`."""
+        m = self.mirror
+        meta_timeout = min(m.meta_timeout, m.file_timeout)
+        meta = next((op for op in rnd.ops.values() if op[0] in META_OPS), None)
+        if meta is not None and quiet >= meta_timeout:
+            (rnd.op, rnd.path), limit = meta, meta_timeout  # the stuck copier is reported in this operation
+        elif quiet >= m.file_timeout:
+            limit = m.file_timeout
+        else:
+            return ""
+        return f"dest unresponsive: {rnd.op} {rnd.path} made no progress for {format_duration(limit)}"
+
+    def _kill(self, proc: subprocess.Popen, rnd: _Round) -> None:
+        """SIGKILL and reap; a copier the kernel keeps (D state) is recorded as stuck in its last operation."""
         proc.kill()
         try:
             proc.wait(KILL_WAIT)
         except subprocess.TimeoutExpired:
             self.stuck = proc
+            self.record.copier_stuck(proc.pid, rnd.op, rnd.path, self.clock.time())
+            self.activity = (rnd.op, rnd.path)
+            rnd.reason += f"; its copier (pid {proc.pid}) stays stuck in the kernel in {rnd.op} {rnd.path} until the " \
+                          "share answers"
 
     def _event(self, ev: dict, rnd: _Round) -> None:
         kind = ev["ev"]
         if kind == "op":
             rnd.op, rnd.path = ev["op"], ev["path"]
+            rnd.ops[ev.get("w")] = (rnd.op, rnd.path)
             self.activity = (rnd.op, rnd.path)
-        elif kind == "tmp":
+            return
+        if kind in FINISHING:
+            rnd.ops.pop(ev.get("w"), None)
+        if kind == "tmp":
             self.record.temp_created(os.fsencode(ev["tmp"]))
         elif kind == "temp_gone":
             self.record.temp_gone(os.fsencode(ev["tmp"]))
@@ -232,3 +281,9 @@ class MirrorRunner:
             code = ev.get("errno")
             kind_, words = REASONS.get(code, ("error", f"{ev['error']}"))
             rnd.problem(kind_, f"{words}: {ev.get('path') or ev['rel']}")
+
+
+def stuck_reason(pid: int, op: str, path: str, stuck_for: float) -> str:
+    where = f" in {op} {path}" if op else ""
+    return (f"dest unresponsive: its copier (pid {pid}) is stuck in the kernel{where} for {format_duration(stuck_for)}; "
+            "it ends when the share answers")

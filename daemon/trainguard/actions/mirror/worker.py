@@ -10,27 +10,19 @@ import logging
 import threading
 from typing import Callable, Sequence
 
+from trainguard.actions.mirror.probe import unresponsive
 from trainguard.actions.mirror.record import read_states
 from trainguard.actions.mirror.runner import MirrorRunner
 from trainguard.clock import Clock
 from trainguard.config import Mirror
 from trainguard.records import MirrorState, Snapshot
-from trainguard.sources.mounts import containing_mount
-from trainguard.units import format_duration
 
 log = logging.getLogger(__name__)
 
 
 def dest_problem(snapshot: Snapshot | None, dest: str, now: float) -> str:
     """Why the dest is known to hang from the daemon's own mount probes; "" when it is not (or not watched)."""
-    if snapshot is None:
-        return ""
-    mount = containing_mount(dest, [s.mount for s in snapshot.filesystems])
-    sample = next((s for s in snapshot.filesystems if s.mount is mount), None)
-    if sample is None or sample.responsive:
-        return ""
-    since = f" for {format_duration(now - sample.unresponsive_since)}" if sample.unresponsive_since else ""
-    return f"dest unresponsive: {mount.mount_point} ({mount.fstype}) does not answer statfs{since}"
+    return unresponsive(snapshot.filesystems, dest, now) if snapshot is not None else ""
 
 
 class MirrorWorker:
