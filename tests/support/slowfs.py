@@ -145,11 +145,14 @@ class SlowFs:
             when None.
         direct_io: bypass the page cache so every read and write reaches the
             server (and therefore the gates).
+        cache_s: how long the kernel may cache names and attributes, as a real
+            FUSE filesystem does (libfuse's default is 1 s); 0, the default, sends
+            every lookup and getattr to the server, so blocking them blocks callers.
     """
 
     def __init__(self, mountpoint: str | os.PathLike[str], backing_dir: str | os.PathLike[str] | None = None,
                  size: int = 100 * 2**20, *, name: str = "slowfs", source: str | None = None,
-                 direct_io: bool = True) -> None:
+                 direct_io: bool = True, cache_s: float = 0.0) -> None:
         if size <= 0:
             raise ValueError(f"SlowFs size must be positive, got {size}")
         if not name or any(c in name for c in ", =/"):
@@ -159,6 +162,7 @@ class SlowFs:
         self.source = source or name
         self.size = size
         self.direct_io = direct_io
+        self.cache_s = float(cache_s)
         self._given_backing = backing_dir is not None
         self.backing_dir = Path(backing_dir).resolve() if backing_dir is not None else None
         self._workdir: Path | None = None
@@ -200,7 +204,7 @@ class SlowFs:
         self._log = open(self._workdir / "server.log", "wb")  # noqa: SIM115 - closed in close()
         argv = [sys.executable, os.path.abspath(__file__), "--mountpoint", str(self.mountpoint),
                 "--backing", str(self.backing_dir), "--control", str(self.control_path),
-                "--size", str(self.size), "--name", self.name, "--source", self.source]
+                "--size", str(self.size), "--name", self.name, "--source", self.source, "--cache-s", str(self.cache_s)]
         if self.direct_io:
             argv.append("--direct-io")
         self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log,
@@ -540,6 +544,7 @@ def _serve(argv: list[str]) -> int:
     parser.add_argument("--name", default="slowfs")
     parser.add_argument("--source", default="slowfs")
     parser.add_argument("--direct-io", action="store_true")
+    parser.add_argument("--cache-s", type=float, default=0.0)
     args = parser.parse_args(argv)
 
     import mfusepy
@@ -561,9 +566,9 @@ def _serve(argv: list[str]) -> int:
     threading.Thread(target=control.serve_forever, name="slowfs-control", daemon=True).start()
 
     # Kernel-side caching would answer getattr/lookup without asking us, so a blocked getattr
-    # would not block; zero timeouts send every request to the gates.
-    options = {"fsname": args.source, "subtype": args.name, "attr_timeout": 0, "entry_timeout": 0,
-               "negative_timeout": 0, "direct_io": args.direct_io}
+    # would not block; zero timeouts (the default) send every request to the gates.
+    options = {"fsname": args.source, "subtype": args.name, "attr_timeout": args.cache_s,
+               "entry_timeout": args.cache_s, "negative_timeout": 0, "direct_io": args.direct_io}
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # libfuse installs its own clean-exit handler over SIG_DFL
     try:
         mfusepy.FUSE(_make_operations(args.backing, args.size, gates), args.mountpoint,
