@@ -183,11 +183,22 @@ class ShareDayRun:
     hangs: list[Hang] = field(default_factory=list)
     alerts: list[webhook.ReceivedAlert] = field(default_factory=list)
     usage: list[tuple[float, float]] = field(default_factory=list)  # (monotonic, used/(used+avail)) of the local disk
+    left_local: set[str] = field(default_factory=set)  # the files under the local runs/ at the end
     status_output: str = ""  # `trainguard status` right after the start
     daemon_log: str = ""
     daemon_stopped: bool = False
     started_at: float = 0.0
     ended_at: float = 0.0
+
+    @property
+    def saved(self) -> list[dict]:
+        """Every checkpoint the runs on local disk saved (the mirrored speed run and the day)."""
+        return [s for t in (self.mirrored, self.main) if t is not None for s in t.saved]
+
+    @property
+    def kept_local(self) -> list[dict]:
+        """The saved checkpoints still on local disk at the end (cleanup deleted the others)."""
+        return [s for s in self.saved if s["path"] in self.left_local]
 
     @property
     def speedup(self) -> float | None:
@@ -370,6 +381,7 @@ def run_share_day(workdir: Path, local: Path, share: SlowFs, receiver: HttpRecei
             pass  # the test names what is missing
         run.daemon_stopped = stop_daemon(box, state_dir)
     run.ended_at = time.monotonic()
+    run.left_local = {str(p) for p in local_runs.rglob("*") if p.is_file()}
     run.usage = disk.samples
     run.alerts = webhook.received(receiver)
     log = state_dir / "trainguard.log"
