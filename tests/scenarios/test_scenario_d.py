@@ -58,7 +58,7 @@ def test_the_run_survives_a_day_of_share_hangs(day):
     run, alerts = day, day.alerts
     assert run.mirrored and run.direct and run.main, "a trainer run is missing"
 
-    # trainguard started in the foreground-less way of the container docs and said so.
+    # trainguard was started with nohup inside the container, as docs/container.md says; status (zh) sees it.
     assert re.search(r"PID \d+", run.status_output) and "运行中" in run.status_output, run.status_output
 
     # The run completed every step, and kept training through both hangs (it never wrote to the share).
