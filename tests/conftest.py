@@ -7,11 +7,19 @@ Sizes and options can be chosen per test with indirect parametrization, e.g.
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 
 from tests.support.http_receiver import HttpReceiver
 from tests.support.mounts import loop_ext4, root_reason, tmpfs
 from tests.support.slowfs import SlowFs, fuse_available
+
+# `.venv/bin/python -m pytest` without activating the venv: its commands (trainguard, hadolint,
+# check-jsonschema) are found as if it were active.
+if sys.prefix != sys.base_prefix:
+    os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
 
 
 @pytest.fixture

@@ -7,13 +7,18 @@ import contextlib
 import os
 import shutil
 import sqlite3
+import subprocess
+import sys
+import textwrap
 import threading
+import time
 
 import pytest
 from trainguard.actions.cleanup import age_fast
 from trainguard.actions.cleanup.audit import AuditLog
 from trainguard.actions.cleanup.safety import OpenFiles
 
+from tests.support.cli import cli_env
 from tests.test_cleanup import DAY, holder, make, names, policy, runner
 
 needs_extension = pytest.mark.skipif(
@@ -26,6 +31,50 @@ def test_the_extension_is_built_where_ci_installs_the_package():
     if os.environ.get("CI") != "true":
         pytest.skip("only CI promises a C compiler at install time")
     assert age_fast.ENABLED, "pip install . built no _agescan: is gcc or the Python headers missing?"
+
+
+# `python -m trainguard ...` as the CLI runs it, counting the compiled loop's batches in that process.
+COUNTED_CLI = """
+import atexit, runpy, sys
+from trainguard.actions.cleanup import _agescan
+batches = []
+age_batch = _agescan.age_batch
+_agescan.age_batch = lambda *a: batches.append(1) or age_batch(*a)
+atexit.register(lambda: print(f"compiled batches: {len(batches)}", file=sys.stderr))
+sys.argv[0] = "trainguard"
+runpy.run_module("trainguard", run_name="__main__", alter_sys=True)
+"""
+
+
+@needs_extension
+def test_the_cli_cleanup_deletes_through_the_compiled_loop(tmp_path):
+    root = tmp_path / "scratch"
+    _tree(root, 5)
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(textwrap.dedent(f"""
+        [general]
+        state_dir = "{tmp_path / 'state'}"
+        [filesystems]
+        paths = ["{tmp_path}"]
+        [[cleanup]]
+        name = "scratch"
+        type = "age"
+        roots = ["{root}"]
+        age_by = ["mtime"]
+        max_delete = false
+        older_than = "3d"
+        grace = "0s"
+    """))
+    mtimes = {str(p.relative_to(root)): p.lstat().st_mtime for p in root.rglob("*") if not p.is_dir()}
+    out = subprocess.run([sys.executable, "-c", COUNTED_CLI, "cleanup", "--config", str(cfg)], env=cli_env(),
+                         capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stderr
+    batches = int(out.stderr.rsplit("compiled batches: ", 1)[1].split()[0])
+    assert batches > 0, "the CLI's cleanup ran the Python loop"
+    gone = set(mtimes) - names(root)
+    assert gone and "fresh.dat" not in gone and "d0/out.lnk" in gone
+    assert all(mtimes[name] < time.time() - 3 * DAY for name in gone)
+    assert (tmp_path / f"outside-{root.name}" / "target.dat").exists()
 
 
 def _tree(root, seed: int) -> None:

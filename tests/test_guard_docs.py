@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import NOT_INSTALLED
 from tests.support.mounts import fill, tmpfs
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason=f"torch {NOT_INSTALLED}")
 DOC = Path(__file__).resolve().parents[1] / "docs" / "guard.md"
 MiB = 2**20
 

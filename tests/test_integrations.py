@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 from trainguard import guardspool
 
+from tests.support import NOT_INSTALLED
 from tests.support.mounts import fill
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason=f"torch {NOT_INSTALLED}")
 pytestmark = pytest.mark.root
 MiB = 2**20
 STEPS = 40
@@ -54,7 +55,7 @@ def spooled(state: Path) -> list[guardspool.GuardEvent]:
 
 
 def hf_trainer(output_dir: Path, callbacks):
-    transformers = pytest.importorskip("transformers")
+    transformers = pytest.importorskip("transformers", reason=f"transformers {NOT_INSTALLED}")
     args = transformers.TrainingArguments(
         output_dir=str(output_dir), max_steps=STEPS, save_steps=1, per_device_train_batch_size=2,
         logging_steps=1000, report_to=[], use_cpu=True, disable_tqdm=True,
@@ -110,7 +111,7 @@ def test_transformers_guard_skips_a_save_that_would_not_fit(tmpfs_mount, tmp_pat
 
 
 def lightning_run(dirpath: Path, callbacks, plugins=()):
-    pl = pytest.importorskip("lightning.pytorch")
+    pl = pytest.importorskip("lightning.pytorch", reason=f"lightning {NOT_INSTALLED}")
 
     class Module(pl.LightningModule):
         def __init__(self):
@@ -163,7 +164,7 @@ def test_lightning_guard_skips_a_save_that_would_not_fit(tmpfs_mount, tmp_path):
 
 
 def test_transformers_rotation_estimate_matches_what_save_total_limit_deletes(tmp_path):
-    pytest.importorskip("transformers")
+    pytest.importorskip("transformers", reason=f"transformers {NOT_INSTALLED}")
     from trainguard.integrations.transformers import rotation_frees
     from transformers.trainer_utils import rotate_checkpoints
 

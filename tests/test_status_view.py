@@ -15,6 +15,7 @@ from trainguard.surfaces.status import HISTORY_STEPS, used_history
 from trainguard.surfaces.status_page import render_page
 from trainguard.surfaces.status_text import render_text, sparkline
 
+from tests.support import NOT_INSTALLED
 from tests.support.daemon_proc import DaemonProcess, wait_until
 
 CHROMIUM = "/usr/bin/chromium"
@@ -79,7 +80,7 @@ def _browser():
     if not os.path.exists(CHROMIUM):
         pytest.skip(f"{CHROMIUM} missing: apt-get install chromium")
     os.environ["PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD"] = "1"
-    sync_api = pytest.importorskip("playwright.sync_api")
+    sync_api = pytest.importorskip("playwright.sync_api", reason=f"playwright {NOT_INSTALLED}")
     return sync_api.sync_playwright()
 
 

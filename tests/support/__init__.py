@@ -9,3 +9,6 @@
 
 The pytest fixtures wrapping them live in ``tests/conftest.py``.
 """
+
+# The skip reason of a test that needs a package of the integration extra (pyproject.toml).
+NOT_INSTALLED = "is not installed (the integration extra: scripts/setup-venv test integration)"
