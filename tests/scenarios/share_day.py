@@ -30,6 +30,7 @@ from tests.scenarios import webhook
 from tests.scenarios.harness import HERE, Child, Processes, pending_messages, recorded_points, wait_until
 from tests.scenarios.runs import sha256_of
 from tests.scenarios.workload import webhook_config
+from tests.support import NOT_INSTALLED
 from tests.support.container import container_reason
 from tests.support.http_receiver import HttpReceiver
 from tests.support.mounts import root_reason
@@ -72,7 +73,7 @@ def day_missing() -> str | None:
         try:
             __import__(module)
         except ImportError:
-            return f"{package} is not installed"
+            return f"{package} {NOT_INSTALLED}"
     return root_reason(need_loop=True) or fuse_available() or container_reason()
 
 
