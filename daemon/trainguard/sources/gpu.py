@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
+from trainguard.i18n import N_
 from trainguard.records import GpuProcess, GpuSample, NvmlState, NvmlStatus, XidEvent
 from trainguard.sources.nvml import (
     ABSENT_CODES,
@@ -116,7 +117,7 @@ class GpuSampler:
         self._xid_counts: dict[int, collections.Counter[int]] = collections.defaultdict(collections.Counter)
         self._status = NvmlStatus(NvmlState.ERROR, "not sampled yet")
         if nvml is None:
-            self._status = NvmlStatus(NvmlState.NO_LIBRARY, "nvidia-ml-py (pynvml) is not installed: GPU monitoring is off",
+            self._status = NvmlStatus(NvmlState.NO_LIBRARY, N_("nvidia-ml-py (pynvml) is not installed: GPU monitoring is off"),
                                       since=clock())
             log.info(self._status.message)
 

@@ -15,6 +15,7 @@ from types import ModuleType
 from typing import Any
 
 from trainguard.records import NvmlState
+from trainguard.i18n import N_
 
 # NVML return codes (stable C API values).
 NOT_SUPPORTED = 3
@@ -48,11 +49,12 @@ INIT_STATES = {
 
 XID_EVENT = 0x0000000000000008  # nvmlEventTypeXidCriticalError
 
+# Marked for the catalog: status and health print them in the notify language.
 STATE_MESSAGES = {
-    NvmlState.NO_LIBRARY: "no NVIDIA management library (libnvidia-ml.so.1): GPU monitoring is off on this host",
-    NvmlState.NO_DRIVER: "NVIDIA kernel driver is not loaded: GPU monitoring paused",
-    NvmlState.MISMATCH: "NVML library and kernel driver versions differ (driver updated without a reboot?)",
-    NvmlState.NO_PERMISSION: "no permission to open the NVIDIA devices (/dev/nvidia*)",
+    NvmlState.NO_LIBRARY: N_("no NVIDIA management library (libnvidia-ml.so.1): GPU monitoring is off on this host"),
+    NvmlState.NO_DRIVER: N_("NVIDIA kernel driver is not loaded: GPU monitoring paused"),
+    NvmlState.MISMATCH: N_("NVML library and kernel driver versions differ (driver updated without a reboot?)"),
+    NvmlState.NO_PERMISSION: N_("no permission to open the NVIDIA devices (/dev/nvidia*)"),
 }
 
 # nvmlClocksEventReason* bits -> the reason label trainguard exports (and the config names).

@@ -93,7 +93,7 @@ def _gpus(doc: dict[str, Any], _: Gettext) -> list[str]:
                 for g in doc["gpus"] if g["verdict"]]
     gst = doc.get("gpu_status")
     if gst and gst["state"] not in ("ok",):
-        out += ["", _("GPU: {message}").format(message=gst["message"] or gst["state"])]
+        out += ["", _("GPU: {message}").format(message=_(gst["message"]) if gst["message"] else gst["state"])]
     return out
 
 
