@@ -78,13 +78,15 @@ class Pass:
             before = (self.files, self.bytes)
             try:
                 while not self.stopped and not self.busy:
-                    if not walker.in_place(lst):
-                        self.problem(walker.moved(lst))
-                        lst.data = []
-                        return
                     names = lst.read(READ_BYTES)
                     if not names:
                         break
+                    if self.ctx.tools.hook is not None:
+                        self.ctx.tools.hook("batch", lst.path)
+                    if not walker.in_place(lst):  # the last check before the batch is judged
+                        self.problem(walker.moved(lst))
+                        lst.data = []
+                        return
                     self.batch(lst, names)
             except OSError as exc:  # reading the directory failed (e.g. removed under us)
                 self.problem(walker.WalkProblem(lst.path or ".", walker.classify_error(exc), exc.strerror or ""))
@@ -127,8 +129,6 @@ class Pass:
         names, wanted = self.candidates(lst, names)
         ctx = self.ctx
         hook = ctx.tools.hook
-        if hook is not None:
-            hook("batch", lst.path)
         bound = self.bound
         if self.delete:
             bound = Bound(*(-1 if b < 0 else max(0, b - done) for b, done in
