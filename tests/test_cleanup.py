@@ -17,7 +17,7 @@ from trainguard.actions.cleanup import age_fast
 from trainguard.actions.cleanup import policies as sel
 from trainguard.actions.cleanup.audit import AuditLog
 from trainguard.actions.cleanup.runner import CleanupRunner, findings_for
-from trainguard.actions.cleanup.safety import UnsafeRoot, open_checked_root
+from trainguard.actions.cleanup.roots import UnsafeRoot, open_checked_root
 from trainguard.actions.cleanup.worker import Scheduler
 from trainguard.records import FsSample, Mount, MountKind, Severity, Snapshot
 from trainguard.sources.fs import usage_from_statvfs

@@ -136,3 +136,21 @@ def test_a_dry_run_names_the_top_directories_too(tmp_path):
     dry = runner(tmp_path, DAY).run(policy(roots=[str(root)], type="age", age_by=["mtime"]), dry_run=True)
     assert dry.files == 7 and dry.top_dirs[0][0] == str(root / "big") and dry.top_dirs[0][2] == 6
     assert names(root) >= {"big/f0.dat", "small/f.dat"}
+
+
+class _HoldingBack(OpenFiles):
+    """An index that, like one missing some processes' fds, says a due entry could be open."""
+
+    def refresh(self) -> None:
+        super().refresh()
+        self.hold_back = lambda st: st.st_size > 2000
+
+
+@pytest.mark.parametrize("max_delete", [False, 100], ids=["one-pass", "counted"])
+def test_a_due_entry_the_open_file_index_holds_back_stays(tmp_path, max_delete):
+    root = tmp_path / "root"
+    make(root / "big.dat", 4096)
+    make(root / "small.dat", 1000)
+    report = runner(tmp_path, DAY, open_files=_HoldingBack()).run(
+        policy(roots=[str(root)], **dict(ONE_PASS, max_delete=max_delete)))
+    assert names(root) == {"big.dat"} and report.skipped == {"unverifiable-open": 1}

@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import os
 import stat as stat_mod
+from itertools import filterfalse
 
 from trainguard.actions.cleanup import agerules, unittree, walker
 from trainguard.actions.cleanup import policies as sel
@@ -105,8 +106,7 @@ class Pass:
         if below or excluded.path_match is not None or excluded.everything:
             names = [n for n in names if not (prefix + n in below or excluded(n, prefix + n))]
         elif excluded.name_match is not None:  # the usual case: name globs only, one regex call per name
-            is_excluded = excluded.name_match
-            names = [n for n in names if not is_excluded(n)]
+            names = list(filterfalse(excluded.name_match, names))
         if self.kind_exclude:  # a cache's own files (.locks, version.txt): entered, never candidates
             if sel.matches_any_part(lst.path, self.kind_exclude):
                 return names, bytes(len(names))
@@ -137,7 +137,8 @@ class Pass:
         dev = self.rule.dev
         got = agerules.judge_batch(
             lst.fd, names, wanted, self.rule, of.inodes_on(dev), self.delete, bound, self.listed, ENABLED,
-            is_open=lambda ino: of.is_open(dev, ino), hook=None if hook is None else lambda e, n: hook(e, lst.prefix + n))
+            is_open=lambda ino: of.is_open(dev, ino), hook=None if hook is None else lambda e, n: hook(e, lst.prefix + n),
+            hold_back=getattr(of, "hold_back", None))  # processes whose open files could not be read
         self.files += got.files
         self.bytes += got.bytes
         self.young += got.young
@@ -178,6 +179,8 @@ class Pass:
             self.stopped = True  # the bound is reached: nothing more goes in this run
             if self.bound.need_bytes < 0:
                 ctx.tally.skip("max-delete", path, "more became due than the guard allowed when the run was counted")
+        elif code == agerules.HELD_BACK:
+            (ctx.tally if self.reports else self.scratch).skip("unverifiable-open", path)
         elif code == agerules.OPEN and not self.reports:
             self.scratch.skip("open", path)
         elif code == agerules.OPEN:
@@ -210,6 +213,8 @@ class Pass:
         if not age >= self.rule.older_than:
             self.young += unit.files
             return
+        if self.held_back(lst, name, path):
+            return
         if not self.delete:
             self.files += unit.files
             self.bytes += unit.bytes
@@ -241,6 +246,20 @@ class Pass:
             self.on_gone(lst, [(name, unit.bytes, age)], unit.files)
         else:
             self.due.append((age, unit.bytes, unit.files))
+
+    def held_back(self, lst: walker.Listing, name: str, path: str) -> bool:
+        """A due unit a process whose open files could not be read could hold (OpenFiles.hold_back)."""
+        hold_back = getattr(self.ctx.tools.open_files, "hold_back", None)
+        if hold_back is None:
+            return False
+        try:
+            st = os.stat(name, dir_fd=lst.fd, follow_symlinks=False)
+        except OSError:
+            return True
+        if hold_back(st):
+            (self.ctx.tally if self.reports else self.scratch).skip("unverifiable-open", path)
+            return True
+        return False
 
     def held(self, path: str, unit: unittree.UnitStats) -> bool:
         if self.ctx.tools.open_files.any_open(unit.inodes):

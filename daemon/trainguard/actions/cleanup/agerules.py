@@ -24,6 +24,7 @@ except ImportError:  # installed without a C compiler: the Python judge does the
 
 # What happened to one name; the same numbers as _agescan.c's enum.
 IGNORED, IS_DIR, STAT_ERROR, OTHER_DEV, GRACE, YOUNG, OPEN, EXPIRED, UNLINK_ERROR, OVER_BOUND = range(10)
+HELD_BACK = 10  # Python only: due, but a process whose files could not be read could hold it (hold_back)
 AGE_BITS = {"atime": 1, "mtime": 2, "ctime": 4}
 NO_LIMIT = -1
 
@@ -77,19 +78,21 @@ def age_timestamp(st: os.stat_result, mask: int) -> float:
 
 def judge_batch(dir_fd: int, names: list[str], wanted: bytes | None, rule: Rule, open_inos: bytes, delete: bool,
                 bound: Bound = Bound(), listed: bool = False, compiled: bool = True,
-                is_open: Callable[[int], bool] | None = None, hook: Callable[[str], None] | None = None) -> Batch:
+                is_open: Callable[[int], bool] | None = None, hook: Callable[[str, str], None] | None = None,
+                hold_back: Callable[[os.stat_result], bool] | None = None) -> Batch:
     """Judge (and, deleting, unlink) one batch. compiled: the C judge when it is built; else this
-    module's, which may also take is_open (a live open-file check, per entry) and hook(event, name)
-    ("judged" and "before_delete", for tests that race one entry)."""
-    if compiled and _agescan is not None:
+    module's, which may also take is_open (a live open-file check, per entry), hook(event, name)
+    ("judged" and "before_delete", for tests that race one entry) and hold_back(lstat) (a due
+    entry it says could be open stays: HELD_BACK; only this judge has that rule)."""
+    if compiled and _agescan is not None and hold_back is None:
         return Batch(*_agescan.age_batch(dir_fd, names, wanted, *rule, open_inos, delete, *bound, listed))
     if is_open is None:
         inos = set(memoryview(open_inos).cast("Q")) if open_inos else set()
         is_open = inos.__contains__
-    return _judge_py(dir_fd, names, wanted, rule, is_open, delete, bound, listed, hook)
+    return _judge_py(dir_fd, names, wanted, rule, is_open, delete, bound, listed, hook, hold_back)
 
 
-def _judge_py(dir_fd, names, wanted, rule, is_open, delete, bound, listed, hook) -> Batch:
+def _judge_py(dir_fd, names, wanted, rule, is_open, delete, bound, listed, hook, hold_back) -> Batch:
     dev, mask, now, older_than, changed_after = rule
     max_files, max_bytes, need_bytes = bound
     s_isdir, s_isreg, s_islnk = stat_mod.S_ISDIR, stat_mod.S_ISREG, stat_mod.S_ISLNK
@@ -120,6 +123,9 @@ def _judge_py(dir_fd, names, wanted, rule, is_open, delete, bound, listed, hook)
             continue
         if not age >= older_than:
             young += 1
+            continue
+        if hold_back is not None and hold_back(st):
+            issues.append((name, HELD_BACK, 0, ino, size))
             continue
         if delete:
             if hook is not None:

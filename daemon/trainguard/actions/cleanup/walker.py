@@ -1,15 +1,10 @@
-"""The one directory traversal of cleanup: fd-relative, never through a symlink, never off its
-filesystem or mount, and never in a directory that has left the root.
-
-scan() is the traversal: a depth-first stack of open directories (Listing), each read in
-batches of names (one getdents64 call with the compiled loop built, else a slice of a scandir).
-Every directory is opened relative to its parent's fd with O_NOFOLLOW|O_DIRECTORY and must be
-the inode that was listed, on the root's filesystem and mount, so replacing a directory by a
-symlink (or a mount) between listing and descending cannot redirect it. Before each batch the
-caller asks in_place(): a directory renamed out of the root (or an ancestor of it) during the
-run is noticed there and not cleaned further. walk() hands the same traversal out entry by
-entry, for the kinds that look at every entry (checkpoints, logs, units). Memory is bounded
-by tree depth, not tree size: one fd and one batch per level.
+"""The one directory traversal of cleanup: scan(), a depth-first stack of open directories, each read
+in batches of names (one getdents64 call, or a slice of a scandir without the compiled part).
+Every directory is opened relative to its parent's fd, O_NOFOLLOW|O_DIRECTORY, and must still be
+the inode listed, on the root's filesystem and mount: a directory swapped for a symlink or a mount
+cannot redirect it. Before each batch, in_place() notices a directory renamed out of the root (it
+is not cleaned further). walk() hands the same traversal out entry by entry. Memory is bounded by
+depth: one fd and one batch per level.
 """
 
 from __future__ import annotations
@@ -49,7 +44,7 @@ class Entry(NamedTuple):
 
 class WalkProblem(NamedTuple):
     path: str
-    reason: str  # "permission", "vanished", "symlink", "other-filesystem", "error"
+    reason: str  # "permission", "vanished", "symlink", "other-filesystem", "mount-point", "moved", "error"
     detail: str
 
 
@@ -75,14 +70,18 @@ def check_same_mount(fd: int, expect_mnt: int | None, name: str) -> None:
         raise OSError(errno.EXDEV, "is a mount point (another mount is attached there)", name)
 
 
-def open_dir_at(parent_fd: int, name: str, expect_dev: int, expect_mnt: int | None = None) -> int:
-    """Open a child directory relative to parent_fd, refusing symlinks, other filesystems and
-    (given expect_mnt) mount points of the same filesystem."""
+def open_dir_at(parent_fd: int, name: str, expect_dev: int, expect_mnt: int | None = None,
+                expect_ino: int | None = None) -> int:
+    """Open a child directory relative to parent_fd, refusing symlinks, other filesystems,
+    (given expect_mnt) mount points of the same filesystem and (given expect_ino, the inode
+    listed) a directory replaced since it was listed."""
     fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
     try:
         st = os.fstat(fd)
         if st.st_dev != expect_dev:
             raise OSError(errno.EXDEV, "directory is on another filesystem", name)
+        if expect_ino is not None and st.st_ino != expect_ino:
+            raise OSError(errno.ENOENT, "directory was replaced during the scan", name)
         check_same_mount(fd, expect_mnt, name)
         return fd
     except BaseException:
@@ -119,25 +118,6 @@ def classify_error(exc: OSError) -> str:
     if exc.errno == errno.EXDEV:
         return "mount-point" if "mount point" in (exc.strerror or "") else "other-filesystem"
     return "error"
-
-
-def open_subdir(parent_fd: int, name: str, listed_ino: int, dev: int, mnt: int | None = None) -> tuple[int, os.stat_result]:
-    """Open a listed subdirectory relative to its parent's fd, never through a symlink, and only if it
-    is still the directory that was listed (inode listed_ino) and on the root's filesystem and mount.
-    Raises OSError otherwise."""
-    child = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
-    try:
-        cst = os.fstat(child)
-        if cst.st_dev != dev:
-            raise OSError(errno.EXDEV, "directory is on another filesystem")
-        if cst.st_ino != listed_ino:
-            # Replaced between listing and opening: the entry we judged is gone.
-            raise OSError(errno.ENOENT, "directory was replaced during the scan")
-        check_same_mount(child, mnt, name)
-        return child, cst
-    except OSError:
-        os.close(child)
-        raise
 
 
 READ_BYTES = 32768  # one getdents64 call: up to ~1000 names a batch, so memory stays flat on any directory
@@ -184,7 +164,7 @@ def _place(fd: int) -> bytes | None:
 def in_place(lst: Listing) -> bool:
     """Whether the directory is still where the scan entered it below its root: not renamed out
     (itself or an ancestor), not removed. One readlink of /proc/self/fd; without /proc, one
-    fstatat per level, from the root down."""
+    fstatat per level up to the root."""
     if lst.place is not None and (now := _place(lst.fd)) is not None:
         return now == lst.place
     while lst.parent is not None:
@@ -243,22 +223,20 @@ def scan(root_fd: int, *, dev: int, on_problem: Callable[[WalkProblem], None], h
             if hook is not None:
                 hook("open_dir", path)
             try:
-                child, cst = open_subdir(here.fd, name, ino, dev, mnt)
+                child = open_dir_at(here.fd, name, dev, mnt, ino)
             except OSError as exc:
                 on_problem(WalkProblem(path, classify_error(exc), exc.strerror or str(exc)))
                 continue
             place = None if here.place is None else here.place.rstrip(b"/") + b"/" + os.fsencode(name)
-            stack.append(Listing(child, path, name, cst, here, place))
+            stack.append(Listing(child, path, name, os.fstat(child), here, place))
     finally:
         for here in reversed(stack):
             _close_listing(here)
 
 
-MOVED = "moved"  # the reason given for a directory that left the root during the run
-
-
 def moved(lst: Listing) -> WalkProblem:
-    return WalkProblem(lst.path or ".", MOVED, "left its place below the root during the run")
+    """The problem reported for a directory that left the root during the run."""
+    return WalkProblem(lst.path or ".", "moved", "left its place below the root during the run")
 
 
 def _log_problem(p: WalkProblem) -> None:
@@ -269,14 +247,11 @@ def walk(root_fd: int, *, dev: int, descend: Callable[[Entry], bool] | None = No
          prune_paths: frozenset[str] = frozenset(), post_order: bool = False,
          on_problem: Callable[[WalkProblem], None] | None = None, hook: Hook | None = None,
          mnt: int | None = None) -> Iterator[Entry]:
-    """scan(), entry by entry: every entry below root_fd (its lstat), directories before their contents.
-
-    descend(entry) decides whether a directory is entered (default: yes). prune_paths are
-    relative paths never yielded nor entered (mount points below the root). Entries on
-    another device than `dev` are skipped and reported, as is a directory that left the root.
-    With post_order, each entered directory is yielded again with post=True after its
-    contents, dir_fd its parent's. The caller must not keep dir_fd past the next iteration.
-    """
+    """scan(), entry by entry: every entry below root_fd (its lstat), directories before their contents,
+    entered when descend(entry) says so (default: yes). prune_paths (mount points below the root) are
+    never yielded nor entered; entries on another device are reported, as is a directory that left
+    the root. With post_order, each entered directory comes again after its contents (post=True,
+    dir_fd its parent's). The caller must not keep dir_fd past the next iteration."""
     problem = on_problem or _log_problem
     for lst in scan(root_fd, dev=dev, on_problem=problem, hook=hook, mnt=mnt, post=post_order):
         if lst.done:
