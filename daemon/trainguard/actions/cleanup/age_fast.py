@@ -74,6 +74,8 @@ class Pass:
 
     def listing(self, lst: walker.Listing) -> None:
         """All batches of one directory on its first visit; then its subdirectories, one a visit."""
+        if lst.data is False:
+            return
         if lst.data is None:
             lst.data = []
             before = (self.files, self.bytes)
@@ -86,7 +88,7 @@ class Pass:
                         self.ctx.tools.hook("batch", lst.path)
                     if not walker.in_place(lst):  # the last check before the batch is judged
                         self.problem(walker.moved(lst))
-                        lst.data = []
+                        lst.data = False  # left alone: not judged further, nor removed when empty
                         return
                     self.batch(lst, names)
             except OSError as exc:  # reading the directory failed (e.g. removed under us)
@@ -276,9 +278,11 @@ class Pass:
         ctx = self.ctx
         if ctx.dry_run or ctx.now - max(lst.st.st_mtime, lst.st.st_ctime) < self.rule.older_than:
             return
-        if not walker.in_place(lst.parent):
-            return
+        if lst.data is False or not walker.in_place(lst.parent):
+            return  # it left the root, or its parent did
         try:
+            if os.stat(lst.name, dir_fd=lst.parent.fd, follow_symlinks=False).st_ino != lst.st.st_ino:
+                return  # not the directory that was cleaned
             os.rmdir(lst.name, dir_fd=lst.parent.fd)  # the kernel refuses a non-empty directory
         except OSError as exc:
             if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT, errno.EBUSY):

@@ -112,8 +112,6 @@ def _delete(ctx: Ctx, root: Root, plan: AgePlan, need: int | None) -> list[dict[
     """The deleting (or, in a dry run, listing) passes; the quiet skips each saw."""
     policy = ctx.policy
     limit = policy.max_delete
-    max_files = limit.files if limit is not None and limit.files is not None else NO_LIMIT
-    max_bytes = limit.bytes if limit is not None and limit.bytes is not None else NO_LIMIT
     if need is not None:
         min_age, _f, _b = plan.hist.cutoff_for(need)
         # Histogram buckets are ~3 % wide: never let one reach below older_than.
@@ -124,14 +122,13 @@ def _delete(ctx: Ctx, root: Root, plan: AgePlan, need: int | None) -> list[dict[
     if plan.cap_need:
         cap = format_bytes(policy.max_size)
         passes.append((plan.cap_min_age, plan.cap_need, f"{policy.type}: over max_size {cap}, least recently used first"))
-    seen, deleted, freed = [], 0, 0
+    seen, freed = [], 0
     for n, (older_than, need_bytes, reason) in enumerate(passes):
         if n and need_bytes != NO_LIMIT:
             need_bytes -= freed  # a size cap: what the expired entries freed counts
             if need_bytes <= 0:
                 break
-        bound = Bound(max_files - deleted if max_files >= 0 else NO_LIMIT,
-                      max_bytes - freed if max_bytes >= 0 else NO_LIMIT, need_bytes)
+        bound = Bound(*_left(limit, ctx), need_bytes)
         remove_dirs = isinstance(policy, AgePolicy) and policy.remove_empty_dirs and need is None and n == 0
         p = Pass(ctx, root, older_than, delete=not ctx.dry_run, reports=not ctx.dry_run, listed=ctx.dry_run,
                  bound=bound, remove_dirs=remove_dirs)
@@ -139,11 +136,19 @@ def _delete(ctx: Ctx, root: Root, plan: AgePlan, need: int | None) -> list[dict[
         if ctx.dry_run:
             p.on_gone = _lister(ctx, root, p, need_bytes)
         p.run()
-        deleted, freed = deleted + p.deleted, freed + p.freed
+        freed += p.freed
         seen.append(dict(p.scratch.skipped))
         if p.stopped and need_bytes == NO_LIMIT:
             break  # the max_delete bound
     return seen
+
+
+def _left(limit, ctx: Ctx) -> tuple[int, int]:
+    """What max_delete still allows this run (every root and pass so far counted), -1: no limit."""
+    if limit is None or ctx.dry_run:
+        return NO_LIMIT, NO_LIMIT
+    files = NO_LIMIT if limit.files is None else max(0, limit.files - ctx.tally.files)
+    return files, NO_LIMIT if limit.bytes is None else max(0, limit.bytes - ctx.tally.bytes)
 
 
 def _lister(ctx: Ctx, root: Root, p: Pass, need_bytes: int):
