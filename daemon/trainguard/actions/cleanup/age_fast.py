@@ -119,13 +119,14 @@ class Pass:
     def check_locks(self, lst: walker.Listing, names: list[str]) -> None:
         of = self.ctx.tools.open_files
         for name in names:
-            if self.locks(name, lst.prefix + name) and (self.excluded(name, lst.prefix + name) or self.kind_exclude):
+            path = lst.prefix + name
+            if self.locks(name, path) and (self.excluded(name, path) or sel.matches_any_part(path, self.kind_exclude)):
                 try:
                     st = os.stat(name, dir_fd=lst.fd, follow_symlinks=False)
                 except OSError:
                     continue
                 if not stat_mod.S_ISDIR(st.st_mode) and of.is_open(st.st_dev, st.st_ino):
-                    self.busy = f"in use: {lst.prefix + name} is held by a process"
+                    self.busy = f"in use: {path} is held by a process"
 
     def batch(self, lst: walker.Listing, names: list[str]) -> None:
         names, wanted = self.candidates(lst, names)
@@ -147,10 +148,10 @@ class Pass:
         if got.grace:  # a quiet reason: counted, never logged
             self.scratch.skipped["grace"] = self.scratch.skipped.get("grace", 0) + got.grace
         for name, ino in got.dirs:
-            if self.units is not None and lst.parent is None and self.units(name, name):
-                self.unit(lst, name)
-            else:
-                lst.data.append((name, ino))
+            if self.units is None or lst.parent is not None or not self.units(name, name):
+                lst.data.append((name, ino))  # excluded names are gone already: every directory left is entered
+            elif not sel.matches_any_part(name, self.kind_exclude):
+                self.unit(lst, name)  # a cache unit is judged whole, never entered (nor one of the cache's own)
         for issue in got.issues:
             self.issue(lst, *issue)
         if got.gone:
