@@ -47,7 +47,6 @@ class Pass:
         self.scratch = Tally(0, None)
         self.files = self.bytes = self.young = 0
         self.deleted = self.freed = 0  # within this pass, against the bound
-        self.due: list[tuple[float, int, int]] = []  # listed: (age, bytes, files) of every due entry
         self.busy = ""  # a cache's lock is held: the whole cache is left alone
         self.stopped = False  # the bound or the watermark is reached
         self.reason = sel.age_reason(policy, bound.need_bytes >= 0 and isinstance(policy, AgePolicy))
@@ -57,7 +56,7 @@ class Pass:
         self.locks = sel.globset(kind.lock_globs) if kind else None
         self.units = sel.globset(kind.unit_globs) if kind else None
         self.watermark = False  # need_bytes is a watermark's: the filesystem at low is enough too
-        self.on_gone = None  # listed: called with (listing, gone) instead of counting rows as items
+        self.on_gone = None  # listed: called with (listing, [(name, bytes, age)], files each) as they come
 
     def run(self) -> None:
         o, ctx = self.root.opened, self.ctx
@@ -168,8 +167,6 @@ class Pass:
                 self.stopped = True  # freed what was needed (a watermark: or the filesystem is at low)
         elif self.on_gone is not None:
             self.on_gone(lst, gone)
-        else:
-            self.due.extend((age, nbytes, 1) for _name, nbytes, age in gone)
 
     def issue(self, lst: walker.Listing, name: str, code: int, err: int, ino: int, nbytes: int) -> None:
         path = self.dir_path(lst) + "/" + name
@@ -247,8 +244,6 @@ class Pass:
     def gone_unit(self, lst: walker.Listing, name: str, unit: unittree.UnitStats, age: float) -> None:
         if self.on_gone is not None:
             self.on_gone(lst, [(name, unit.bytes, age)], unit.files)
-        else:
-            self.due.append((age, unit.bytes, unit.files))
 
     def held_back(self, lst: walker.Listing, name: str, path: str) -> bool:
         """A due unit a process whose open files could not be read could hold (OpenFiles.hold_back)."""

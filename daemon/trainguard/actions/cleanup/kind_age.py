@@ -55,8 +55,10 @@ class AgeKind:
             plan = AgePlan(p.files, p.bytes, young=p.young)
         else:
             p = Pass(ctx, root, -math.inf, reports=ctx.dry_run, listed=True)
+            hists = _Histograms(policy, need is not None or capped, capped)
+            p.on_gone = hists.add
             p.run()
-            plan = _histograms(policy, p.due, need is not None, capped)
+            plan = hists.done()
         if p.busy:
             return Planned(note=p.busy)
         plan.problems = dict(p.scratch.skipped)
@@ -86,26 +88,35 @@ class AgeKind:
                 ctx.tally.skipped[reason] = max(ctx.tally.skipped.get(reason, 0), n)
 
 
-def _histograms(policy, due: list[tuple[float, int, int]], watermark: bool, capped: bool) -> AgePlan:
-    """A watermark's or a size cap's plan from every eligible entry's (age, bytes, files)."""
-    plan, older_than = AgePlan(), policy.older_than
-    all_hist = sel.AgeHistogram() if capped else None
-    for age, nbytes, files in due:
-        plan.total_bytes += nbytes
-        if all_hist is not None:
-            all_hist.add(age, nbytes, files)
-        if older_than is None or age >= older_than:
-            if watermark or capped:
-                plan.hist.add(age, nbytes, files)
-            if older_than is not None:
-                plan.expired_files += files
-                plan.expired_bytes += nbytes
-        else:
-            plan.young += files
-    if all_hist is not None and plan.total_bytes > policy.max_size:
-        plan.cap_need = plan.total_bytes - policy.max_size
-        plan.cap_min_age, _f, _b = all_hist.cutoff_for(plan.cap_need)
-    return plan
+class _Histograms:
+    """A watermark's or a size cap's plan, from every eligible entry's (age, bytes) as a listing pass
+    hands them out: counts and histograms only, constant memory."""
+
+    def __init__(self, policy, by_age: bool, capped: bool):
+        self.policy, self.by_age, self.plan = policy, by_age, AgePlan()
+        self.all_hist = sel.AgeHistogram() if capped else None
+
+    def add(self, _lst, gone: list[tuple[str, int, float]], files: int = 1) -> None:
+        plan, older_than, all_hist = self.plan, self.policy.older_than, self.all_hist
+        for _name, nbytes, age in gone:
+            plan.total_bytes += nbytes
+            if all_hist is not None:
+                all_hist.add(age, nbytes, files)
+            if older_than is None or age >= older_than:
+                if self.by_age:
+                    plan.hist.add(age, nbytes, files)
+                if older_than is not None:
+                    plan.expired_files += files
+                    plan.expired_bytes += nbytes
+            else:
+                plan.young += files
+
+    def done(self) -> AgePlan:
+        plan, policy = self.plan, self.policy
+        if self.all_hist is not None and plan.total_bytes > policy.max_size:
+            plan.cap_need = plan.total_bytes - policy.max_size
+            plan.cap_min_age, _f, _b = self.all_hist.cutoff_for(plan.cap_need)
+        return plan
 
 
 def _delete(ctx: Ctx, root: Root, plan: AgePlan, need: int | None) -> list[dict[str, int]]:
