@@ -100,12 +100,23 @@ def one_size(base: str, files: int, rounds: int) -> dict:
     return r
 
 
+def compile_package() -> None:
+    """Byte-compile the trainguard this interpreter imports, as an installation has it (where
+    PYTHONDONTWRITEBYTECODE is set, each start would otherwise compile every module again)."""
+    import compileall
+
+    import trainguard
+
+    compileall.compile_dir(os.path.dirname(trainguard.__file__), quiet=1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--files", type=int, nargs="+", default=[200000, 1000000])
     ap.add_argument("--rounds", type=int, default=2, help="runs of each command, interleaved; the best counts")
     ap.add_argument("--dir", default=None, help="where to build the trees (default: a temp dir on /var/tmp)")
     args = ap.parse_args()
+    compile_package()
     base = tempfile.mkdtemp(prefix="tg-cleanup-cli-", dir=args.dir or "/var/tmp")
     try:
         rows = [one_size(base, n, args.rounds) for n in args.files]
