@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 from trainguard import config
+from trainguard.actions.cleanup import age_fast
 from trainguard.actions.cleanup import policies as sel
 from trainguard.actions.cleanup.audit import AuditLog
 from trainguard.actions.cleanup.runner import CleanupRunner, findings_for
-from trainguard.actions.cleanup.safety import UnsafeRoot, open_checked_root
+from trainguard.actions.cleanup.roots import UnsafeRoot, open_checked_root
 from trainguard.actions.cleanup.worker import Scheduler
 from trainguard.records import FsSample, Mount, MountKind, Severity, Snapshot
 from trainguard.sources.fs import usage_from_statvfs
@@ -252,13 +253,22 @@ def test_parent_swapped_for_symlink_just_before_delete_cannot_redirect_it(tmp_pa
     assert names(tmp_path / "moved") == {"ckpt_2.pt"}
 
 
-def test_file_vanishing_between_scan_and_delete_is_skipped(tmp_path):
+@pytest.mark.parametrize("compiled", [False, True], ids=["python-judge", "compiled-judge"])
+def test_file_vanishing_between_scan_and_delete_is_skipped(tmp_path, monkeypatch, compiled):
+    if compiled and not age_fast.ENABLED:
+        pytest.skip("trainguard.actions.cleanup._agescan is not built")
+    monkeypatch.setattr(age_fast, "ENABLED", compiled)
     root = tmp_path / "root"
     for i in range(3):
         make(root / f"f{i}.dat")
+    batches = []
 
     def vanish(event, path):
-        if event == "before_delete" and path == "f1.dat":
+        # The Python judge: just before the unlink; the compiled one: before the deleting pass's
+        # batch (the counting pass read the directory first).
+        if event == "batch":
+            batches.append(path)
+        if (event == "before_delete" and path == "f1.dat") or (compiled and event == "batch" and len(batches) == 2):
             (root / "f1.dat").unlink()
 
     report = runner(tmp_path, DAY, hook=vanish).run(policy(type="age", roots=[str(root)], age_by=["mtime"]))

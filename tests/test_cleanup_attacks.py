@@ -237,3 +237,40 @@ def test_non_utf8_names_are_printed_escaped(tmp_path):
     assert not os.path.exists(name)
     conn = sqlite3.connect(tmp_path / "state" / "state.db")
     assert conn.execute("SELECT path FROM cleanup_audit").fetchone()[0].endswith("old\\xff\\x1b.dat")
+
+
+@pytest.mark.parametrize("moved", ["the directory", "its parent"])
+@pytest.mark.parametrize("compiled", [False, True], ids=["python-judge", "compiled-judge"])
+def test_a_directory_renamed_out_of_the_root_during_a_run_is_not_cleaned_further(tmp_path, monkeypatch, compiled, moved):
+    from trainguard.actions.cleanup import age_fast
+    from trainguard.actions.cleanup.audit import AuditLog
+
+    if compiled and not age_fast.ENABLED:
+        pytest.skip("trainguard.actions.cleanup._agescan is not built")
+    monkeypatch.setattr(age_fast, "ENABLED", compiled)
+    monkeypatch.setattr(age_fast, "READ_BYTES", 1024)  # ~30 names a batch: several in one directory
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    outside.mkdir()
+    for i in range(200):
+        make(root / "job" / "run" / f"f{i:03d}.dat")
+    batches = []
+
+    def hook(event: str, relpath: str) -> None:
+        if event == "batch" and relpath == "job/run":
+            batches.append(relpath)
+            if len(batches) == 2:  # the first batch went; the run is between two batches of job/run
+                os.rename(root / "job" / "run", outside / "run") if moved == "the directory" else \
+                    os.rename(root / "job", outside / "job")
+
+    conn = sqlite3.connect(tmp_path / "state.db", isolation_level=None)
+    report = runner(tmp_path, DAY, hook=hook, audit=AuditLog(conn)).run(
+        policy(roots=[str(root)], type="age", age_by=["mtime"], max_delete=False, older_than="3d"))
+    now_at = outside / "run" if moved == "the directory" else outside / "job" / "run"
+    left = sorted(p.name for p in now_at.iterdir())
+    rows = [p for (p,) in conn.execute("SELECT path FROM cleanup_audit")]
+    first_batch = 200 - len(left)
+    assert 0 < first_batch < 60 and len(batches) == 2  # one batch went before the rename; none after it
+    assert len(rows) == first_batch == report.files
+    assert all(p.startswith(str(root / "job" / "run") + "/") for p in rows)
+    assert not set(left) & {os.path.basename(p) for p in rows}  # every row is a file that really went
+    assert report.skipped.get("moved") == 1

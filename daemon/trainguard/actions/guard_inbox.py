@@ -16,7 +16,7 @@ from typing import Callable
 
 from trainguard import guardspool
 from trainguard.actions.cleanup.audit import AuditLog
-from trainguard.actions.cleanup.safety import mount_point_of
+from trainguard.actions.cleanup.roots import mount_point_of
 from trainguard.records import Finding, Severity
 from trainguard.units import format_bytes
 

@@ -1,10 +1,11 @@
-/* The age policy's per-entry work for one batch of names in one directory, in C.
+/* The age rules for one batch of names in one directory, in C: agerules.py is the same in
+ * Python, and tests/test_cleanup_rules.py keeps the two equal on random trees and times.
  *
  * Python (age_fast.py) lists the directory, drops excluded names and mount points, and
  * hands the rest here with the policy's numbers. For each name, with the GIL released:
  * fstatat(dir_fd, name, AT_SYMLINK_NOFOLLOW), then the same rules, in the same order and
- * with the same float arithmetic, as age_judge.make_judge and kind_age._Pass1.listing:
- * other filesystem, directory, type and patterns, grace, open files, age. In delete mode an
+ * with the same float arithmetic, as agerules._judge_py: other filesystem, directory, type
+ * and patterns, grace, open files, age, the max_delete bound and a watermark's need. In delete mode an
  * expired entry that no process has open is unlinked relative to dir_fd (unlinkat never
  * follows a symlink: a name swapped for a link loses the link, never its target; a name
  * swapped for a directory fails with EISDIR). Nothing here decides which names are
@@ -21,7 +22,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-enum { IGNORED, IS_DIR, STAT_ERROR, OTHER_DEV, GRACE, YOUNG, OPEN, EXPIRED, UNLINK_ERROR };
+enum { IGNORED, IS_DIR, STAT_ERROR, OTHER_DEV, GRACE, YOUNG, OPEN, EXPIRED, UNLINK_ERROR, OVER_BOUND };
 enum { AGE_ATIME = 1, AGE_MTIME = 2, AGE_CTIME = 4 };
 
 typedef struct {
@@ -42,6 +43,10 @@ typedef struct {
     const uint64_t *open_inos;  /* sorted */
     Py_ssize_t n_open;
     int delete;  /* 0: count (a dry run: an open entry is kept whatever its age); 1: unlink */
+    long long max_files, max_bytes;  /* delete: what this batch may still unlink (max_delete), -1: no bound */
+    long long need_bytes;  /* delete: stop once this much is freed (a watermark, a size cap), -1: none */
+    int listed;  /* count: also hand back the due entries (a listing dry run, a histogram) */
+    long long files, bytes;  /* delete: unlinked so far in this batch */
 } rule_t;
 
 /* As CPython's os.stat_result fills st_mtime: sec + 1e-9 * nsec, in doubles. */
@@ -66,7 +71,7 @@ static double age_timestamp(const rule_t *r, const struct stat *st) {
     return ts;
 }
 
-static void judge(const rule_t *r, entry_t *e) {
+static void judge(rule_t *r, entry_t *e) {
     struct stat st;
     if (fstatat(r->dir_fd, e->name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
         e->code = STAT_ERROR;
@@ -87,16 +92,24 @@ static void judge(const rule_t *r, entry_t *e) {
     if (!(e->age >= r->older_than)) { e->code = YOUNG; return; }
     if (!r->delete) { e->code = EXPIRED; return; }
     if (is_open(r, e->ino)) { e->code = OPEN; return; }
+    /* max_delete as a hard bound: never more than the guard allowed, even if the tree grew since it was counted */
+    if ((r->max_files >= 0 && r->files + 1 > r->max_files) || (r->max_bytes >= 0 && r->bytes + e->bytes > r->max_bytes)
+        || (r->need_bytes >= 0 && r->bytes >= r->need_bytes)) {
+        e->code = OVER_BOUND;
+        return;
+    }
     if (unlinkat(r->dir_fd, e->name, 0) != 0) {
         e->code = UNLINK_ERROR;
         e->err = errno;
         return;
     }
+    r->files++;
+    r->bytes += e->bytes;
     e->code = EXPIRED;
 }
 
 /* The Python-side result: (dirs, issues, gone, expired_files, expired_bytes, young, grace). */
-static PyObject *collect(PyObject *names, const entry_t *es, Py_ssize_t n, int delete) {
+static PyObject *collect(PyObject *names, const entry_t *es, Py_ssize_t n, int listed) {
     PyObject *dirs = PyList_New(0), *issues = PyList_New(0), *gone = PyList_New(0), *item;
     long long files = 0, nbytes = 0, young = 0, grace = 0;
     if (!dirs || !issues || !gone) goto fail;
@@ -109,7 +122,7 @@ static PyObject *collect(PyObject *names, const entry_t *es, Py_ssize_t n, int d
             item = Py_BuildValue("(OK)", name, e->ino);
             if (!item || PyList_Append(dirs, item) < 0) goto fail_item;
             break;
-        case STAT_ERROR: case OTHER_DEV: case OPEN: case UNLINK_ERROR:
+        case STAT_ERROR: case OTHER_DEV: case OPEN: case UNLINK_ERROR: case OVER_BOUND:
             item = Py_BuildValue("(OiiKL)", name, e->code, e->err, e->ino, e->bytes);
             if (!item || PyList_Append(issues, item) < 0) goto fail_item;
             break;
@@ -118,7 +131,7 @@ static PyObject *collect(PyObject *names, const entry_t *es, Py_ssize_t n, int d
         case EXPIRED:
             files++;
             nbytes += e->bytes;
-            if (delete) {
+            if (listed) {
                 item = Py_BuildValue("(OLd)", name, e->bytes, e->age);
                 if (!item || PyList_Append(gone, item) < 0) goto fail_item;
             }
@@ -142,8 +155,12 @@ static PyObject *age_batch(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *names, *result = NULL;
     Py_buffer wanted = {0}, open_inos = {0};
-    if (!PyArg_ParseTuple(args, "iO!z*Kidddy*p", &r.dir_fd, &PyList_Type, &names, &wanted, &r.dev, &r.age_mask,
-                          &r.now, &r.older_than, &r.changed_after, &open_inos, &r.delete))
+    r.max_files = r.max_bytes = r.need_bytes = -1;
+    r.listed = 0;
+    r.files = r.bytes = 0;
+    if (!PyArg_ParseTuple(args, "iO!z*Kidddy*p|LLLp", &r.dir_fd, &PyList_Type, &names, &wanted, &r.dev, &r.age_mask,
+                          &r.now, &r.older_than, &r.changed_after, &open_inos, &r.delete, &r.max_files, &r.max_bytes,
+                          &r.need_bytes, &r.listed))
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(names);
     PyObject **encoded = NULL;
@@ -177,7 +194,7 @@ static PyObject *age_batch(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n; i++) judge(&r, &es[i]);
     Py_END_ALLOW_THREADS
-    result = collect(names, es, n, r.delete);
+    result = collect(names, es, n, r.delete || r.listed);
 done:
     if (encoded)
         for (Py_ssize_t i = 0; i < n; i++) Py_XDECREF(encoded[i]);
@@ -228,7 +245,8 @@ static PyMethodDef methods[] = {
     {"read_names", read_names, METH_VARARGS,
      "read_names(dir_fd, size=32768) -> the names one getdents64 call of size bytes reads, [] at the end"},
     {"age_batch", age_batch, METH_VARARGS,
-     "age_batch(dir_fd, names, wanted, dev, age_mask, now, older_than, changed_after, open_inos, delete)\n"
+     "age_batch(dir_fd, names, wanted, dev, age_mask, now, older_than, changed_after, open_inos, delete,\n"
+     "          max_files=-1, max_bytes=-1, need_bytes=-1, listed=False)\n"
      "-> (dirs, issues, gone, expired_files, expired_bytes, young, grace)"},
     {NULL, NULL, 0, NULL},
 };

@@ -1,130 +1,293 @@
-"""The age policy's one-pass delete and counting dry run, a batch of names at a time in C.
+"""One pass of the age engine over one root: walker.scan, each directory judged in batches by the
+age rules (agerules: the compiled judge, or the same rules in Python), everything else here in
+Python: which names are candidates at all (mount points below the root, exclude globs, patterns,
+a cache's own files), cache units (judged whole) and held locks, the bounds, and every count,
+skip, report and audit row. kind_age.py decides which passes a run makes.
 
-Where pass 1 of the age kind needs no per-entry state (a one-pass delete, or a dry run that
-only counts), the per-entry work is the same for a million files: lstat, the stat rules,
-unlink. _agescan.c does that for a batch of names with the GIL released; this module keeps
-everything else in Python, in one place: which names are candidates at all (mount points
-below the root, exclude globs, patterns), which directories are entered (opened by the
-walker with all its checks), and every count, skip, report and audit row. The rules the C
-loop applies are those of age_judge.make_judge, with the same numbers, built here from the
-policy; tests run the same trees through both loops and compare.
-
-Not used (kind_age's Python loop runs instead) when the extension was not built, or for a
-policy that needs histograms (watermark runs, size caps) or per-entry marks (max_delete's
-two passes). A test hook sees "batch" before each call, not the per-entry events
-("judged", "before_delete") of the Python loop.
+A pass counts (a plan, a dry run; `listed` also hands back each due entry, for a histogram or a
+listing) or deletes (due from `older_than`, within a Bound). Before each batch the directory's
+place below the root is checked again: one that left it is not judged further. A test hook
+sees "batch" (relative directory) before each batch; the Python judge also calls it with
+"judged" and "before_delete" (relative path) around each unlink.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import stat as stat_mod
+from itertools import filterfalse
 
-from trainguard.actions.cleanup import walker
+from trainguard.actions.cleanup import agerules, unittree, walker
 from trainguard.actions.cleanup import policies as sel
-from trainguard.actions.cleanup.age_judge import age_fields
-from trainguard.actions.cleanup.guard import Root
-from trainguard.actions.cleanup.plan import Ctx
-from trainguard.config import AgePolicy
+from trainguard.actions.cleanup.agerules import Bound, Rule
+from trainguard.actions.cleanup.guard import Root, reached
+from trainguard.actions.cleanup.plan import Ctx, full_path
+from trainguard.actions.cleanup.report import Tally
+from trainguard.config import AgePolicy, CachePolicy
 
-try:
-    from trainguard.actions.cleanup import _agescan
-except ImportError:  # installed without a C compiler: the Python loop does the same work
-    _agescan = None
-
-ENABLED = _agescan is not None  # tests turn it off to run the Python loop on the same trees
-# The codes _agescan.c gives the entries it cannot just count.
-STAT_ERROR, OTHER_DEV, OPEN, UNLINK_ERROR = 2, 3, 6, 8
-READ_BYTES = 32768  # getdents64 buffer: up to ~1000 names per batch, so memory stays flat on any directory
-_AGE_BITS = {"atime": 1, "mtime": 2, "ctime": 4}
+ENABLED = agerules._agescan is not None  # tests turn it off to run the Python judge on the same trees
+READ_BYTES = walker.READ_BYTES
 
 
-def usable(ctx: Ctx, counting: bool) -> bool:
-    """Whether this pass 1 can run batched: an age policy, deleting in one pass or only counting."""
-    return ENABLED and isinstance(ctx.policy, AgePolicy) and counting
+def rule_for(ctx: Ctx, root: Root, older_than: float) -> Rule:
+    policy = ctx.policy
+    fields = policy.age_by if isinstance(policy, AgePolicy) else ("atime", "mtime")  # a cache: last use
+    return Rule(root.opened.dev, agerules.age_mask(fields), ctx.now, older_than, ctx.now - policy.grace)
 
 
-class AgeBatches:
-    """Reads each listing of a pass-1 scan in batches (kind_age._Pass1.listing's contract)."""
+class Pass:
+    """One scan of one root. Totals in files/bytes/young; quiet skips in scratch (the caller merges)."""
 
-    def __init__(self, ctx: Ctx, root: Root, plan, scratch: Ctx):
+    def __init__(self, ctx: Ctx, root: Root, older_than: float, *, delete: bool = False, reports: bool = True,
+                 listed: bool = False, bound: Bound = Bound(), remove_dirs: bool = False):
         policy = ctx.policy
-        self.ctx, self.root, self.plan, self.scratch = ctx, root, plan, scratch
+        self.ctx, self.root, self.delete, self.reports, self.listed = ctx, root, delete, reports, listed
+        self.rule, self.bound, self.remove_dirs = rule_for(ctx, root, older_than), bound, remove_dirs
+        self.scratch = Tally(0, None)
+        self.files = self.bytes = self.young = 0
+        self.deleted = self.freed = 0  # within this pass, against the bound
+        self.busy = ""  # a cache's lock is held: the whole cache is left alone
+        self.stopped = False  # the bound or the watermark is reached
+        self.reason = sel.age_reason(policy, bound.need_bytes >= 0 and isinstance(policy, AgePolicy))
         self.excluded, self.wanted = sel.globset(policy.exclude), sel.globset(policy.patterns)
-        self.delete = not ctx.dry_run
-        self.reason = sel.age_reason(policy, False)
-        fields = age_fields(policy)
-        mask = 0 if fields == ("mtime",) else sum({_AGE_BITS[f] for f in fields})
-        # The C loop's numbers, as make_judge uses them.
-        self.rule = (root.opened.dev, mask, ctx.now, policy.older_than, ctx.now - policy.grace)
+        kind = sel.CACHE_KINDS[policy.type] if isinstance(policy, CachePolicy) else None
+        self.kind_exclude = kind.exclude if kind else ()
+        self.locks = sel.globset(kind.lock_globs) if kind else None
+        self.units = sel.globset(kind.unit_globs) if kind else None
+        self.watermark = False  # need_bytes is a watermark's: the filesystem at low is enough too
+        self.on_gone = None  # listed: called with (listing, [(name, bytes, age)], files each) as they come
+
+    def run(self) -> None:
+        o, ctx = self.root.opened, self.ctx
+        ctx.tools.open_files.refresh()
+        for lst in walker.scan(o.fd, dev=o.dev, on_problem=self.problem, hook=ctx.tools.hook, mnt=o.mnt,
+                               post=self.remove_dirs):
+            if lst.done:
+                self.rmdir(lst)
+            elif not self.stopped and not self.busy:
+                self.listing(lst)
+
+    def problem(self, p: walker.WalkProblem) -> None:
+        self.scratch.skip(p.reason, full_path(self.root, p.path), p.detail)
 
     def listing(self, lst: walker.Listing) -> None:
-        """Judge the whole listing on its first visit; then hand out its subdirectories one by one."""
-        if lst.pending is None:
-            lst.pending = []
-            before = (self.plan.expired_files, self.plan.expired_bytes)
-            # lst.entries (a scandir of lst.fd) stays unread: the names come in getdents64-sized batches.
-            while names := _agescan.read_names(lst.fd, READ_BYTES):
-                self.batch(lst, names)
-            os.lseek(lst.fd, 0, os.SEEK_SET)  # the offset is shared with the root's fd, which is read again later
-            lst.pending.reverse()
-            self.count_top_dir(lst, before)
-        if lst.pending:
-            lst.enter = lst.pending.pop()
+        """All batches of one directory on its first visit; then its subdirectories, one a visit."""
+        if lst.data is False:
+            return
+        if lst.data is None:
+            lst.data = []
+            before = (self.files, self.bytes)
+            try:
+                while not self.stopped and not self.busy:
+                    names = lst.read(READ_BYTES)
+                    if not names:
+                        break
+                    if self.ctx.tools.hook is not None:
+                        self.ctx.tools.hook("batch", lst.path)
+                    if not walker.in_place(lst):  # the last check before the batch is judged
+                        self.problem(walker.moved(lst))
+                        lst.data = False  # left alone: not judged further, nor removed when empty
+                        return
+                    self.batch(lst, names)
+            except OSError as exc:  # reading the directory failed (e.g. removed under us)
+                self.problem(walker.WalkProblem(lst.path or ".", walker.classify_error(exc), exc.strerror or ""))
+            lst.data.reverse()
+            if not self.delete and not self.listed and self.reports and self.files > before[0]:
+                self.ctx.tally.top_add(self.dir_path(lst), self.bytes - before[1], self.files - before[0])
+        if lst.data and not self.stopped and not self.busy:
+            lst.enter = lst.data.pop()
 
-    def candidates(self, lst: walker.Listing, names: list[str]) -> list[str]:
-        """The names the C loop may judge: not a mount point below the root, not excluded."""
+    def candidates(self, lst: walker.Listing, names: list[str]) -> tuple[list[str], bytes | None]:
+        """The names the judge may see (not a mount point below the root, not excluded), and which
+        of them the patterns want (None: all). A held lock among them makes the cache busy."""
         prefix, below, excluded = lst.prefix, self.root.below, self.excluded
+        if self.locks is not None:
+            self.check_locks(lst, names)
         if below or excluded.path_match is not None or excluded.everything:
-            return [n for n in names if not (prefix + n in below or excluded(n, prefix + n))]
-        if excluded.name_match is not None:  # the usual case: name globs only, one regex call per name
-            is_excluded = excluded.name_match
-            return [n for n in names if not is_excluded(n)]
-        return names
+            names = [n for n in names if not (prefix + n in below or excluded(n, prefix + n))]
+        elif excluded.name_match is not None:  # the usual case: name globs only, one regex call per name
+            names = list(filterfalse(excluded.name_match, names))
+        if self.kind_exclude:  # a cache's own files (.locks, version.txt): entered, never candidates
+            if sel.matches_any_part(lst.path, self.kind_exclude):
+                return names, bytes(len(names))
+            return names, bytes(not sel.matches_any_part(n, self.kind_exclude) and self.wanted(n, prefix + n)
+                                for n in names)
+        return names, None if self.wanted.everything else bytes(self.wanted(n, prefix + n) for n in names)
+
+    def check_locks(self, lst: walker.Listing, names: list[str]) -> None:
+        of = self.ctx.tools.open_files
+        for name in names:
+            path = lst.prefix + name
+            if self.locks(name, path) and (self.excluded(name, path) or sel.matches_any_part(path, self.kind_exclude)):
+                try:
+                    st = os.stat(name, dir_fd=lst.fd, follow_symlinks=False)
+                except OSError:
+                    continue
+                if not stat_mod.S_ISDIR(st.st_mode) and of.is_open(st.st_dev, st.st_ino):
+                    self.busy = f"in use: {path} is held by a process"
 
     def batch(self, lst: walker.Listing, names: list[str]) -> None:
-        prefix = lst.prefix
-        names = self.candidates(lst, names)
-        wanted = None if self.wanted.everything else bytes(self.wanted(n, prefix + n) for n in names)
-        dev, mask, now, older_than, changed_after = self.rule
-        if self.ctx.tools.hook is not None:
-            self.ctx.tools.hook("batch", lst.path)
-        dirs, issues, gone, files, nbytes, young, grace = _agescan.age_batch(
-            lst.fd, names, wanted, dev, mask, now, older_than, changed_after,
-            self.ctx.tools.open_files.inodes_on(dev), self.delete)
-        plan = self.plan
-        plan.expired_files += files
-        plan.expired_bytes += nbytes
-        plan.young += young
-        if grace:  # a quiet reason: counted, never logged
-            skipped = self.scratch.tally.skipped
-            skipped["grace"] = skipped.get("grace", 0) + grace
-        lst.pending.extend(dirs)  # excluded names are gone already: every directory left is entered
-        for name, code, err, ino, nbytes in issues:
-            self.issue(lst, name, code, err, ino, nbytes)
-        if gone:
+        names, wanted = self.candidates(lst, names)
+        ctx = self.ctx
+        hook = ctx.tools.hook
+        bound = self.bound
+        if self.delete:
+            bound = Bound(*(-1 if b < 0 else max(0, b - done) for b, done in
+                            zip(bound, (self.deleted, self.freed, self.freed))))
+        of = ctx.tools.open_files
+        dev = self.rule.dev
+        got = agerules.judge_batch(
+            lst.fd, names, wanted, self.rule, of.inodes_on(dev), self.delete, bound, self.listed, ENABLED,
+            is_open=lambda ino: of.is_open(dev, ino), hook=None if hook is None else lambda e, n: hook(e, lst.prefix + n),
+            hold_back=getattr(of, "hold_back", None))  # processes whose open files could not be read
+        self.files += got.files
+        self.bytes += got.bytes
+        self.young += got.young
+        if got.grace:  # a quiet reason: counted, never logged
+            self.scratch.skipped["grace"] = self.scratch.skipped.get("grace", 0) + got.grace
+        for name, ino in got.dirs:
+            if self.units is None or lst.parent is not None or not self.units(name, name):
+                lst.data.append((name, ino))  # excluded names are gone already: every directory left is entered
+            elif not sel.matches_any_part(name, self.kind_exclude):
+                self.unit(lst, name)  # a cache unit is judged whole, never entered (nor one of the cache's own)
+        for issue in got.issues:
+            self.issue(lst, *issue)
+        if got.gone:
+            self.gone(lst, got.gone)
+
+    def gone(self, lst: walker.Listing, gone: list[tuple[str, int, float]]) -> None:
+        if self.delete:
+            self.deleted += len(gone)
+            self.freed += sum(b for _n, b, _a in gone)
             self.ctx.went_files(self.root, self.dir_path(lst), gone, self.reason)
+            need = self.bound.need_bytes
+            if need >= 0 and (self.freed >= need or self.watermark and reached(self.root.opened, need, self.freed,
+                                                                               False, self.ctx.policy.low)):
+                self.stopped = True  # freed what was needed (a watermark: or the filesystem is at low)
+        elif self.on_gone is not None:
+            self.on_gone(lst, gone)
 
     def issue(self, lst: walker.Listing, name: str, code: int, err: int, ino: int, nbytes: int) -> None:
         path = self.dir_path(lst) + "/" + name
-        if code == STAT_ERROR:
-            self.scratch.tally.skip(walker.classify_error(OSError(err, "")), path, os.strerror(err))
-        elif code == OTHER_DEV:
-            self.scratch.tally.skip("other-filesystem", path, "on another filesystem")
-        elif code == OPEN:
-            self.ctx.skip_open(path, ((self.root.opened.dev, ino),))
+        ctx = self.ctx
+        if code == agerules.STAT_ERROR:
+            self.scratch.skip(walker.classify_error(OSError(err, "")), path, os.strerror(err))
+        elif code == agerules.OTHER_DEV:
+            self.scratch.skip("other-filesystem", path, "on another filesystem")
+        elif code == agerules.OVER_BOUND:
+            self.stopped = True  # the bound is reached: nothing more goes in this run
+            if self.bound.need_bytes < 0:
+                ctx.tally.skip("max-delete", path, "more became due than the guard allowed when the run was counted")
+        elif code == agerules.HELD_BACK:
+            (ctx.tally if self.reports else self.scratch).skip("unverifiable-open", path)
+        elif code == agerules.OPEN and not self.reports:
+            self.scratch.skip("open", path)
+        elif code == agerules.OPEN:
+            ctx.skip_open(path, ((self.rule.dev, ino),))
         else:
-            self.ctx.skip_error(path, OSError(err, os.strerror(err)))
-        if self.delete and code in (OPEN, UNLINK_ERROR):  # due, though it stays: planned, as in the Python loop
-            self.plan.expired_files += 1
-            self.plan.expired_bytes += nbytes
+            ctx.skip_error(path, OSError(err, os.strerror(err)))
+        if self.delete and code in (agerules.OPEN, agerules.UNLINK_ERROR):  # due, though it stays: planned
+            self.files += 1
+            self.bytes += nbytes
+
+    def unit(self, lst: walker.Listing, name: str) -> None:
+        """A cache unit (a whole model, a package): judged by its newest use inside, deleted whole."""
+        ctx, path = self.ctx, full_path(self.root, name)
+        report = ctx.tally if self.reports else self.scratch
+        try:
+            unit = unittree.measure_unit(lst.fd, name, self.rule.dev, ctx.tools.hook)
+        except OSError as exc:
+            report.skip_error(path, exc, walker.classify_error)
+            return
+        if unit.newest_change > self.rule.changed_after:
+            self.scratch.skip("grace", path)
+        elif unit.multi_linked:
+            self.scratch.skip("linked-elsewhere", path)  # e.g. a conda package hard-linked into an environment
+        elif unit.problems:
+            self.scratch.skip("mount-point" if unit.mounts else "unreadable", path)
+        elif (self.delete or not ctx.dry_run or not self.held(path, unit)) and not self.stopped:
+            self.unit_due(lst, name, path, unit, ctx.now - unit.newest_access)
+
+    def unit_due(self, lst: walker.Listing, name: str, path: str, unit: unittree.UnitStats, age: float) -> None:
+        if not age >= self.rule.older_than:
+            self.young += unit.files
+            return
+        if self.held_back(lst, name, path):
+            return
+        if not self.delete:
+            self.files += unit.files
+            self.bytes += unit.bytes
+            if self.listed:
+                self.gone_unit(lst, name, unit, age)
+            return
+        max_files, max_bytes, need_bytes = self.bound
+        if ((max_files >= 0 and self.deleted + unit.files > max_files) or (max_bytes >= 0 and self.freed + unit.bytes > max_bytes)
+                or (need_bytes >= 0 and self.freed >= need_bytes)):
+            self.stopped = True
+            return
+        if self.held(path, unit):
+            return
+        try:
+            st = os.stat(name, dir_fd=lst.fd, follow_symlinks=False)
+            self.ctx.before_delete(name)
+            unittree.remove_tree_at(lst.fd, name, self.rule.dev, st.st_ino)
+        except OSError as exc:
+            self.ctx.skip_error(path, exc)
+            return
+        self.files += unit.files
+        self.bytes += unit.bytes
+        self.freed += unit.bytes
+        self.deleted += unit.files
+        self.ctx.went(self.root, path, (unit.bytes, unit.files), self.reason, age, True)
+
+    def gone_unit(self, lst: walker.Listing, name: str, unit: unittree.UnitStats, age: float) -> None:
+        if self.on_gone is not None:
+            self.on_gone(lst, [(name, unit.bytes, age)], unit.files)
+
+    def held_back(self, lst: walker.Listing, name: str, path: str) -> bool:
+        """A due unit a process whose open files could not be read could hold (OpenFiles.hold_back)."""
+        hold_back = getattr(self.ctx.tools.open_files, "hold_back", None)
+        if hold_back is None:
+            return False
+        try:
+            st = os.stat(name, dir_fd=lst.fd, follow_symlinks=False)
+        except OSError:
+            return True
+        if hold_back(st):
+            (self.ctx.tally if self.reports else self.scratch).skip("unverifiable-open", path)
+            return True
+        return False
+
+    def held(self, path: str, unit: unittree.UnitStats) -> bool:
+        if self.ctx.tools.open_files.any_open(unit.inodes):
+            if self.reports:
+                self.ctx.skip_open(path, unit.inodes)
+            else:
+                self.scratch.skip("open", path)
+            return True
+        return False
+
+    def rmdir(self, lst: walker.Listing) -> None:
+        """A directory the pass finished: removed if it is empty now and was old before it was cleaned
+        (aged by mtime/ctime only: reading a directory bumps its atime)."""
+        ctx = self.ctx
+        if ctx.dry_run or ctx.now - max(lst.st.st_mtime, lst.st.st_ctime) < self.rule.older_than:
+            return
+        if lst.data is False or not walker.in_place(lst.parent):
+            return  # it left the root, or its parent did
+        try:
+            if os.stat(lst.name, dir_fd=lst.parent.fd, follow_symlinks=False).st_ino != lst.st.st_ino:
+                return  # not the directory that was cleaned
+            os.rmdir(lst.name, dir_fd=lst.parent.fd)  # the kernel refuses a non-empty directory
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT, errno.EBUSY):
+                ctx.skip_error(full_path(self.root, lst.path), exc)
+            return
+        if ctx.tools.audit is not None:
+            ctx.tools.audit.record(ctx.policy.name, self.root.mount, full_path(self.root, lst.path) + "/", 0, 0,
+                                   "empty directory")
+        ctx.tally.dirs += 1
 
     def dir_path(self, lst: walker.Listing) -> str:
-        return self.root.path.rstrip("/") + "/" + lst.path if lst.path else self.root.path
-
-    def count_top_dir(self, lst: walker.Listing, before: tuple[int, int]) -> None:
-        """A counting dry run's top directories: what this listing would free."""
-        plan = self.plan
-        if not self.delete and plan.expired_files > before[0]:
-            self.ctx.tally.top_add(self.dir_path(lst), plan.expired_bytes - before[1],
-                                   plan.expired_files - before[0])
-
+        return full_path(self.root, lst.path)

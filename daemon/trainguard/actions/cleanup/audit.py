@@ -58,7 +58,8 @@ class AuditLog:
         self.retention = retention
         self.clock = clock
         self.batch = batch
-        self._pending: list[tuple[float, str, str, str, int, int, str]] = []
+        self._pending: list[tuple] = []  # rows, or (time, policy, mount, parent, files, reason) for many
+        self._rows = 0  # rows in _pending beyond one per item
         self._totals: dict[str, list[int]] = {}
         self._behind: threading.Thread | None = None  # the batch being written behind
         self._failed: BaseException | None = None  # how it failed, raised by the next flush
@@ -68,18 +69,20 @@ class AuditLog:
         self._pending.append((self.clock(), policy, mount, printable(path), nbytes, files, reason))
         self._added(policy, files, nbytes)
 
-    def record_files(self, policy: str, mount: str, files: list[tuple[str, int]], reason: str) -> None:
-        """record() for many single files at once: (path, bytes) each, one reason."""
-        now = self.clock()
-        self._pending.extend([(now, policy, mount, printable(path), nbytes, 1, reason) for path, nbytes in files])
-        self._added(policy, len(files), sum(nbytes for _path, nbytes in files))
+    def record_files(self, policy: str, mount: str, parent: str, files: list[tuple[str, int, float]],
+                     reason: str) -> None:
+        """record() for many single files gone from one directory at once: (name, bytes, age) each, one
+        reason. Their rows are built where they are written (behind, on the writer's thread)."""
+        self._pending.append((self.clock(), policy, mount, parent, files, reason))
+        self._rows += len(files) - 1
+        self._added(policy, len(files), sum(nbytes for _name, nbytes, _age in files))
 
     def _added(self, policy: str, files: int, nbytes: int) -> None:
         """Count rows just recorded into the policy's totals; a full batch goes to be written."""
         total = self._totals.setdefault(policy, [0, 0])
         total[0] += files
         total[1] += nbytes
-        if len(self._pending) >= self.batch:
+        if len(self._pending) + self._rows >= self.batch:
             self._write_behind()
 
     def flush(self) -> None:
@@ -89,7 +92,7 @@ class AuditLog:
 
     def _take(self) -> tuple[list, dict[str, list[int]]]:
         taken = self._pending, self._totals
-        self._pending, self._totals = [], {}
+        self._pending, self._totals, self._rows = [], {}, 0
         return taken
 
     def _write_behind(self) -> None:
@@ -121,7 +124,7 @@ class AuditLog:
         # where a commit per row would dominate a large run.
         self.conn.execute("BEGIN IMMEDIATE")
         try:
-            self.conn.executemany("INSERT INTO cleanup_audit VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+            self.conn.executemany("INSERT INTO cleanup_audit VALUES (?, ?, ?, ?, ?, ?, ?)", _expand(rows))
             for policy, (files, nbytes) in totals.items():
                 self.conn.execute(
                     "INSERT INTO cleanup_totals (policy, files, bytes, last_run) VALUES (?, ?, ?, ?) "
@@ -154,6 +157,16 @@ class AuditLog:
             args = (policy,)
         sql += " ORDER BY ts DESC, rowid DESC LIMIT ?"
         return list(self.conn.execute(sql, args + (limit,)))
+
+
+def _expand(pending: list[tuple]):
+    for item in pending:
+        if len(item) == 7:
+            yield item
+        else:
+            now, policy, mount, parent, files, reason = item
+            for name, nbytes, _age in files:
+                yield now, policy, mount, printable(f"{parent}/{name}"), nbytes, 1, reason
 
 
 def freed_totals(conn: sqlite3.Connection) -> dict[str, int] | None:

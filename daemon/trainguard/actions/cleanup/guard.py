@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 
 from trainguard.actions.cleanup.report import Tally
-from trainguard.actions.cleanup.safety import (
+from trainguard.actions.cleanup.roots import (
     OpenedRoot,
     UnsafeRoot,
     mount_point_of,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import stat as stat_mod
 
-from trainguard.actions.cleanup import mirrorcheck, unittree, walker
+from trainguard.actions.cleanup import unittree, walker
 from trainguard.actions.cleanup import policies as sel
 from trainguard.actions.cleanup.guard import Root, reached
 from trainguard.actions.cleanup.plan import Ctx, Planned, full_path
@@ -87,6 +87,8 @@ def _mirrored(ctx: Ctx, root: Root, cands: list[sel.Candidate]) -> list[sel.Cand
         for cand in cands:
             ctx.tally.skip("not-mirrored", cand.relpath, f"mirror {name!r} is not known here")
         return []
+    from trainguard.actions.cleanup import mirrorcheck  # a child process on the share: only when asked for
+
     return mirrorcheck.only_mirrored(cands, root.opened, mirror, ctx.tally, ctx.tools.mirror_timeout)
 
 

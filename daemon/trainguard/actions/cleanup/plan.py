@@ -64,8 +64,7 @@ class Ctx:
     def went_files(self, root: Root, parent: str, files: list[tuple[str, int, float]], reason: str) -> None:
         """went() for single files gone from the directory parent (a full path): (name, bytes, age) each."""
         if not self.dry_run and self.tools.audit is not None:
-            self.tools.audit.record_files(self.policy.name, root.mount, [(f"{parent}/{name}", nbytes)
-                                                                         for name, nbytes, _age in files], reason)
+            self.tools.audit.record_files(self.policy.name, root.mount, parent, files, reason)
         self.tally.deleted_files(parent, files, reason)
 
     def before_delete(self, relpath: str) -> None:

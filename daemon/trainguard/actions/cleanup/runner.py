@@ -19,6 +19,7 @@ calls it off the sampling thread.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import time
@@ -34,9 +35,6 @@ from trainguard.actions.cleanup.guard import (
     open_root,
     watermark_need,
 )
-from trainguard.actions.cleanup.kind_age import AgeKind
-from trainguard.actions.cleanup.kind_checkpoints import CheckpointsKind
-from trainguard.actions.cleanup.kind_hf import HfKind
 from trainguard.actions.cleanup.plan import Ctx, Kind, Planned, Tools
 from trainguard.actions.cleanup.report import (  # re-exported: the CLI, worker and tests use them
     CleanupReport,
@@ -54,18 +52,31 @@ log = logging.getLogger(__name__)
 
 Policy = CheckpointsPolicy | AgePolicy | CachePolicy
 
-_AGE = AgeKind()
-KINDS: dict[str, Kind] = {
-    "checkpoints": CheckpointsKind(),
-    "age": _AGE,
-    "pip-cache": _AGE,
-    "huggingface-cache": HfKind(),
-    "huggingface-datasets-cache": _AGE,
-    "torch-cache": _AGE,
-    "conda-cache": _AGE,
+# policy type -> "module:class" of its kind, imported when a policy of that type first runs (the
+# `cleanup` command of an age policy does not pay for the others' imports).
+KINDS: dict[str, str] = {
+    "checkpoints": "kind_checkpoints:CheckpointsKind",
+    "age": "kind_age:AgeKind",
+    "pip-cache": "kind_age:AgeKind",
+    "huggingface-cache": "kind_hf:HfKind",
+    "huggingface-datasets-cache": "kind_age:AgeKind",
+    "torch-cache": "kind_age:AgeKind",
+    "conda-cache": "kind_age:AgeKind",
 }
+_KINDS_MADE: dict[str, Kind] = {}
 
-__all__ = ["CleanupRunner", "CleanupReport", "Item", "RootReport", "KINDS", "bytes_above", "describe", "findings_for"]
+
+def kind_for(policy_type: str) -> Kind:
+    where = KINDS[policy_type]
+    kind = _KINDS_MADE.get(where)
+    if kind is None:
+        module, _, name = where.partition(":")
+        kind = _KINDS_MADE[where] = getattr(importlib.import_module(f"trainguard.actions.cleanup.{module}"), name)()
+    return kind
+
+
+__all__ = ["CleanupRunner", "CleanupReport", "Item", "RootReport", "KINDS", "bytes_above", "describe", "findings_for",
+           "kind_for"]
 
 
 class CleanupRunner:
@@ -131,7 +142,7 @@ class CleanupRunner:
 
     def _run_roots(self, ctx: Ctx, roots: list[Root], notes: dict[str, str], trigger: str,
                    started: float) -> CleanupReport:
-        policy, kind = ctx.policy, KINDS[ctx.policy.type]
+        policy, kind = ctx.policy, kind_for(ctx.policy.type)
         watermark = trigger == "watermark" or (trigger == "manual" and policy.watermark and policy.schedule is None)
         plans = [self._plan_root(ctx, kind, root, trigger if watermark else None) for root in roots]
         planned_files = sum(p.files for _r, _u, p, _n in plans)

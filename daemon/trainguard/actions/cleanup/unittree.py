@@ -81,29 +81,27 @@ def remove_tree_at(parent_fd: int, name: str, dev: int, expect_ino: int) -> int:
     """
     mnt = mount_id(parent_fd)
     fd = open_dir_at(parent_fd, name, dev, mnt)
+    removed = 0
     try:
         if os.fstat(fd).st_ino != expect_ino:
             raise OSError(errno.ENOENT, "directory was replaced since it was judged", name)
-        removed = _remove_contents(fd, dev, mnt)
+        for entry in walk(fd, dev=dev, post_order=True, on_problem=_refuse, mnt=mnt):
+            if entry.post:
+                os.rmdir(entry.name, dir_fd=entry.dir_fd)
+            elif not entry.is_dir:
+                os.unlink(entry.name, dir_fd=entry.dir_fd)
+                removed += 1
     finally:
         os.close(fd)
     os.rmdir(name, dir_fd=parent_fd)
     return removed
 
 
-def _remove_contents(fd: int, dev: int, mnt: int | None) -> int:
-    removed = 0
-    with os.scandir(fd) as it:
-        entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
-    for name, is_dir in entries:
-        if is_dir:
-            child = open_dir_at(fd, name, dev, mnt)
-            try:
-                removed += _remove_contents(child, dev, mnt)
-            finally:
-                os.close(child)
-            os.rmdir(name, dir_fd=fd)
-        else:
-            os.unlink(name, dir_fd=fd)
-            removed += 1
-    return removed
+_ERRNO = {"permission": errno.EACCES, "read-only": errno.EROFS, "vanished": errno.ENOENT, "symlink": errno.ELOOP,
+          "mount-point": errno.EXDEV, "other-filesystem": errno.EXDEV, "moved": errno.ENOENT}
+
+
+def _refuse(p: WalkProblem) -> None:
+    """Anything the walk would skip stops a removal there (a mount point, a swapped directory)."""
+    raise OSError(_ERRNO.get(p.reason, errno.EIO), f"{p.path}: {p.detail}" if p.reason != "mount-point" else
+                  "is a mount point (another mount is attached there)")

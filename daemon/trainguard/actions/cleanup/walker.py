@@ -1,10 +1,10 @@
-"""Streaming, fd-relative directory walk that never follows a symlink or leaves its filesystem.
-
-Every directory is opened relative to its parent's fd with O_NOFOLLOW|O_DIRECTORY,
-so replacing a directory by a symlink (or a mount) between listing and descending
-cannot redirect the walk. Memory is bounded by tree depth, not tree size: one open
-fd and one scandir iterator per level. Entries carry the fd of their parent so the
-caller can unlink relative to it.
+"""The one directory traversal of cleanup: scan(), a depth-first stack of open directories, each read
+in batches of names (one getdents64 call, or a slice of a scandir without the compiled part).
+Every directory is opened relative to its parent's fd, O_NOFOLLOW|O_DIRECTORY, and must still be
+the inode listed, on the root's filesystem and mount: a directory swapped for a symlink or a mount
+cannot redirect it. Before each batch, in_place() notices a directory renamed out of the root (it
+is not cleaned further). walk() hands the same traversal out entry by entry. Memory is bounded by
+depth: one fd and one batch per level.
 """
 
 from __future__ import annotations
@@ -13,14 +13,21 @@ import errno
 import logging
 import os
 import stat
+from itertools import islice
 from typing import Callable, Iterator, NamedTuple
+
+try:
+    from trainguard.actions.cleanup._agescan import read_names
+except ImportError:  # installed without a C compiler: scandir does the listing
+    read_names = None
 
 log = logging.getLogger(__name__)
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 # hook(event, relpath) is called at the points where a concurrent change matters
-# ("open_dir" before a subdirectory is opened); tests use it to race the walk.
+# ("open_dir" before a subdirectory is opened, "batch" before a batch is judged); tests use it
+# to race the traversal.
 Hook = Callable[[str, str], None]
 
 
@@ -37,7 +44,7 @@ class Entry(NamedTuple):
 
 class WalkProblem(NamedTuple):
     path: str
-    reason: str  # "permission", "vanished", "symlink", "other-filesystem", "error"
+    reason: str  # "permission", "vanished", "symlink", "other-filesystem", "mount-point", "moved", "error"
     detail: str
 
 
@@ -63,14 +70,18 @@ def check_same_mount(fd: int, expect_mnt: int | None, name: str) -> None:
         raise OSError(errno.EXDEV, "is a mount point (another mount is attached there)", name)
 
 
-def open_dir_at(parent_fd: int, name: str, expect_dev: int, expect_mnt: int | None = None) -> int:
-    """Open a child directory relative to parent_fd, refusing symlinks, other filesystems and
-    (given expect_mnt) mount points of the same filesystem."""
+def open_dir_at(parent_fd: int, name: str, expect_dev: int, expect_mnt: int | None = None,
+                expect_ino: int | None = None) -> int:
+    """Open a child directory relative to parent_fd, refusing symlinks, other filesystems,
+    (given expect_mnt) mount points of the same filesystem and (given expect_ino, the inode
+    listed) a directory replaced since it was listed."""
     fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
     try:
         st = os.fstat(fd)
         if st.st_dev != expect_dev:
             raise OSError(errno.EXDEV, "directory is on another filesystem", name)
+        if expect_ino is not None and st.st_ino != expect_ino:
+            raise OSError(errno.ENOENT, "directory was replaced during the scan", name)
         check_same_mount(fd, expect_mnt, name)
         return fd
     except BaseException:
@@ -109,184 +120,87 @@ def classify_error(exc: OSError) -> str:
     return "error"
 
 
-def walk(
-    root_fd: int,
-    *,
-    dev: int,
-    descend: Callable[[Entry], bool] | None = None,
-    prune_paths: frozenset[str] = frozenset(),
-    post_order: bool = False,
-    on_problem: Callable[[WalkProblem], None] | None = None,
-    hook: Hook | None = None,
-    mnt: int | None = None,
-) -> Iterator[Entry]:
-    """Yield every entry below root_fd (depth first), directories before their contents.
-
-    descend(entry) decides whether a directory is entered (default: yes).
-    prune_paths are relative paths never yielded nor entered (mount points below
-    the root). Entries on another device than `dev` are skipped and reported.
-    With post_order, each entered directory is yielded again with post=True after
-    its contents. The caller must not keep dir_fd past the next iteration.
-    Given mnt (mount_id of root_fd), a directory on another mount is never entered,
-    even one missing from prune_paths (mounted after they were read).
-    """
-    # Stack of (fd, iterator, relative prefix, the entry for this dir or None for the root).
-    stack: list[tuple[int, Iterator[os.DirEntry[str]], str, Entry | None]] = []
-
-    problem = _reporter(on_problem)
-    try:
-        first = os.dup(root_fd)
-        try:
-            stack.append((first, os.scandir(first), "", None))
-        except OSError as exc:
-            os.close(first)
-            problem(".", exc)
-            return
-        while stack:
-            fd, it, prefix, here = stack[-1]
-            try:
-                dirent = next(it, None)
-            except OSError as exc:  # getdents failed (e.g. directory removed under us)
-                problem(prefix.rstrip("/") or ".", exc)
-                dirent = None
-            if dirent is None:
-                stack.pop()
-                _close(fd, it)
-                if post_order and here is not None:
-                    # The parent's fd is the new top of the stack; rmdir relative to it is safe.
-                    yield here._replace(dir_fd=stack[-1][0], post=True)
-                continue
-            entry = _listed_entry(fd, prefix, dirent, dev, prune_paths, problem)
-            if entry is None:
-                continue
-            yield entry
-            if not entry.is_dir or (descend is not None and not descend(entry)):
-                continue
-            opened = _enter(entry, dev, mnt, hook, problem)
-            if opened is not None:
-                stack.append((*opened, entry.path + "/", entry))
-    finally:
-        for fd, it, _prefix, _here in reversed(stack):
-            _close(fd, it)
-
-
-def _reporter(on_problem: Callable[[WalkProblem], None] | None) -> Callable[[str, OSError], None]:
-    """Where the walk reports an entry it skips: the caller's callback, else one warning line."""
-
-    def problem(path: str, exc: OSError) -> None:
-        reason = classify_error(exc)
-        if on_problem is not None:
-            on_problem(WalkProblem(path, reason, exc.strerror or str(exc)))
-        else:
-            log.warning("cleanup walk: skipping %s (%s: %s)", path, reason, exc.strerror or exc)
-
-    return problem
-
-
-def _listed_entry(fd: int, prefix: str, dirent: os.DirEntry[str], dev: int, prune_paths: frozenset[str],
-                  problem: Callable[[str, OSError], None]) -> Entry | None:
-    """The entry for one listed name (its lstat), or None when it is pruned, gone, or on another filesystem."""
-    path = prefix + dirent.name
-    if path in prune_paths:
-        return None
-    try:
-        st = dirent.stat(follow_symlinks=False)
-    except OSError as exc:
-        problem(path, exc)
-        return None
-    if st.st_dev != dev:
-        problem(path, OSError(errno.EXDEV, "on another filesystem"))
-        return None
-    return Entry(fd, dirent.name, path, st, stat.S_ISDIR(st.st_mode))
-
-
-def _enter(entry: Entry, dev: int, mnt: int | None, hook: Hook | None,
-           problem: Callable[[str, OSError], None]) -> tuple[int, Iterator[os.DirEntry[str]]] | None:
-    """Open a directory the walk descends into (fd and listing), or report why not and give None."""
-    if hook is not None:
-        hook("open_dir", entry.path)
-    try:
-        child, _cst, child_it = open_subdir(entry.dir_fd, entry.name, entry.st.st_ino, dev, mnt)
-    except OSError as exc:
-        problem(entry.path, exc)
-        return None
-    return child, child_it
-
-
-def open_subdir(parent_fd: int, name: str, listed_ino: int, dev: int,
-                mnt: int | None = None) -> tuple[int, os.stat_result, Iterator[os.DirEntry[str]]]:
-    """Open a listed subdirectory relative to its parent's fd, never through a symlink, and only if it
-    is still the directory that was listed (inode listed_ino) and on the root's filesystem. Raises
-    OSError otherwise."""
-    child = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
-    try:
-        cst = os.fstat(child)
-        if cst.st_dev != dev:
-            raise OSError(errno.EXDEV, "directory is on another filesystem")
-        if cst.st_ino != listed_ino:
-            # Replaced between listing and opening: the entry we judged is gone.
-            raise OSError(errno.ENOENT, "directory was replaced during the scan")
-        check_same_mount(child, mnt, name)
-        return child, cst, os.scandir(child)
-    except OSError:
-        os.close(child)
-        raise
-
-
-def _close(fd: int, it: Iterator[os.DirEntry[str]]) -> None:
-    close = getattr(it, "close", None)
-    if close is not None:
-        close()
-    os.close(fd)
+READ_BYTES = 32768  # one getdents64 call: up to ~1000 names a batch, so memory stays flat on any directory
 
 
 class Listing:
-    """One directory being read by scan(). The caller iterates `entries` itself (see scan)."""
+    """One directory of a scan(): read it with read(), in batches, after asking in_place()."""
 
-    __slots__ = ("fd", "path", "prefix", "st", "entries", "pos", "enter", "marks", "order", "pending")
+    __slots__ = ("fd", "path", "name", "st", "parent", "place", "enter", "done", "entries", "data")
 
-    def __init__(self, fd: int, path: str, st: os.stat_result, entries: Iterator[os.DirEntry[str]]):
+    def __init__(self, fd: int, path: str, name: str, st: os.stat_result, parent: Listing | None,
+                 place: bytes | None):
         self.fd = fd
         self.path = path  # relative to the scan root, "" for the root itself
-        self.prefix = path + "/" if path else ""
-        self.st = st  # fstat of the opened directory, taken before it was listed
-        self.entries = entries  # the scandir iterator, resumed where the caller left it
-        self.pos = 0  # entries the caller has consumed so far (its position in the listing)
+        self.name = name  # in its parent
+        self.st = st  # fstat of the opened directory, taken before it was read
+        self.parent = parent
+        self.place = place  # where the kernel says it is (/proc/self/fd), None: unknown
         self.enter: tuple[str, int] | None = None  # set by the caller: descend into (name, inode listed)
-        self.marks: bytearray | None = None  # caller's per-entry bitmap (see cleanup's age plan)
-        self.order = 0  # caller's fingerprint of the listing order so far (see listing_order)
-        self.pending: list[tuple[str, int]] | None = None  # a batch reader's subdirectories still to enter
+        self.done = False  # yielded once more after its contents (scan(post=True)), fd closed
+        self.entries: Iterator[os.DirEntry[str]] | None = None  # the scandir batches come from, without getdents
+        self.data = None  # the caller's state for this directory
+
+    @property
+    def prefix(self) -> str:
+        return self.path + "/" if self.path else ""
+
+    def read(self, size: int = READ_BYTES) -> list[str]:
+        """The next batch of names, [] at the end."""
+        if read_names is not None:
+            return read_names(self.fd, size)
+        if self.entries is None:
+            self.entries = os.scandir(self.fd)
+        return [e.name for e in islice(self.entries, max(1, size // 32))]
 
 
-# Fingerprint of a directory listing's order, d_ino by d_ino (free from getdents): two
-# readings of a directory give the same value when they list the same inodes in the
-# same order, i.e. the n-th entry of one is the n-th entry of the other.
-ORDER_MASK = (1 << 64) - 1
-ORDER_MUL = 1000003
+def _place(fd: int) -> bytes | None:
+    try:
+        return os.readlink(b"/proc/self/fd/%d" % fd)
+    except OSError:
+        return None
 
 
-def listing_order(order: int, ino: int) -> int:
-    """Fold one more entry into a listing-order fingerprint (inlined in hot loops)."""
-    return (order * ORDER_MUL ^ ino) & ORDER_MASK
+def in_place(lst: Listing) -> bool:
+    """Whether the directory is still where the scan entered it below its root: not renamed out
+    (itself or an ancestor), not removed. One readlink of /proc/self/fd; without /proc, one
+    fstatat per level up to the root."""
+    if lst.place is not None and (now := _place(lst.fd)) is not None:
+        return now == lst.place
+    while lst.parent is not None:
+        try:
+            st = os.stat(lst.name, dir_fd=lst.parent.fd, follow_symlinks=False)
+        except OSError:
+            return False
+        if (st.st_dev, st.st_ino) != (lst.st.st_dev, lst.st.st_ino):
+            return False
+        lst = lst.parent
+    return True
+
+
+def _close_listing(lst: Listing) -> None:
+    if lst.entries is not None:
+        lst.entries.close()
+    if lst.parent is None:  # a dup of the caller's root fd: the read offset is shared with it
+        os.lseek(lst.fd, 0, os.SEEK_SET)
+    os.close(lst.fd)
 
 
 def scan(root_fd: int, *, dev: int, on_problem: Callable[[WalkProblem], None], hook: Hook | None = None,
-         mnt: int | None = None) -> Iterator[Listing]:
-    """Depth-first walk handing out whole listings, so the caller's per-entry loop is its own.
+         mnt: int | None = None, post: bool = False) -> Iterator[Listing]:
+    """Depth-first traversal handing out whole directories, so the per-entry loop is the caller's.
 
-    walk() costs a generator step and an Entry per entry; for a million-file tree the
-    caller's loop over `listing.entries` is the hot path instead. Protocol: for each
-    yielded listing, consume entries (counting them in listing.pos); to descend into a
-    subdirectory set listing.enter = (name, inode) and break out; to finish the
-    directory, consume it to the end. scan() then yields the child's listing (opened
-    O_NOFOLLOW relative to the parent, same filesystem and inode as judged), and later
-    the parent again, positioned after the child. Memory is one fd and one iterator
-    per level of depth. Opening problems go to on_problem; the caller reports errors
-    raised while it reads entries.
+    Protocol: for each yielded listing, read batches (lst.read()); to descend into a
+    subdirectory set lst.enter = (name, inode) and take the next listing; to finish the
+    directory, leave enter unset. scan() then yields the child (opened O_NOFOLLOW relative to
+    the parent, same filesystem, mount and inode as listed), and later the parent again. With
+    post, a finished directory below the root comes once more with done set (its fd closed,
+    its parent's open: rmdir relative to it). Opening problems go to on_problem.
     """
     first = os.dup(root_fd)
     try:
-        root = Listing(first, "", os.fstat(first), os.scandir(first))
+        os.lseek(first, 0, os.SEEK_SET)
+        root = Listing(first, "", "", os.fstat(first), None, _place(first))
     except OSError as exc:
         os.close(first)
         on_problem(WalkProblem(".", classify_error(exc), exc.strerror or str(exc)))
@@ -297,73 +211,90 @@ def scan(root_fd: int, *, dev: int, on_problem: Callable[[WalkProblem], None], h
             here = stack[-1]
             yield here
             enter, here.enter = here.enter, None
-            if enter is None:  # the caller read the listing to its end
+            if enter is None:
                 stack.pop()
-                _close(here.fd, here.entries)
+                _close_listing(here)
+                if post and here.parent is not None:
+                    here.done = True
+                    yield here
                 continue
             name, ino = enter
             path = here.prefix + name
             if hook is not None:
                 hook("open_dir", path)
             try:
-                child, cst, child_it = open_subdir(here.fd, name, ino, dev, mnt)
+                child = open_dir_at(here.fd, name, dev, mnt, ino)
             except OSError as exc:
                 on_problem(WalkProblem(path, classify_error(exc), exc.strerror or str(exc)))
                 continue
-            stack.append(Listing(child, path, cst, child_it))
+            place = None if here.place is None else here.place.rstrip(b"/") + b"/" + os.fsencode(name)
+            stack.append(Listing(child, path, name, os.fstat(child), here, place))
     finally:
         for here in reversed(stack):
-            _close(here.fd, here.entries)
+            _close_listing(here)
 
 
-class DirChain:
-    """Reopens directories below a root by relative path, keeping the ancestors open for the next one.
+def moved(lst: Listing) -> WalkProblem:
+    """The problem reported for a directory that left the root during the run."""
+    return WalkProblem(lst.path or ".", "moved", "left its place below the root during the run")
 
-    Paths given in depth-first post-order (children before their parent) reuse the
-    open prefix, so each directory is opened once. Every component is opened
-    O_NOFOLLOW|O_DIRECTORY relative to its parent and must be on the root's filesystem.
-    The fstat taken when a directory was opened is kept: for a parent, that is before
-    its children were cleaned.
-    """
 
-    def __init__(self, root_fd: int, dev: int, hook: Hook | None = None):
-        self.dev = dev
-        self.hook = hook
-        fd = os.dup(root_fd)
-        self.mnt = mount_id(root_fd)
-        self._names: list[str] = []
-        self._open: list[tuple[int, os.stat_result]] = [(fd, os.fstat(fd))]
+def _log_problem(p: WalkProblem) -> None:
+    log.warning("cleanup walk: skipping %s (%s: %s)", p.path, p.reason, p.detail)
 
-    def open(self, relpath: str) -> tuple[int, os.stat_result]:
-        parts = relpath.split("/") if relpath else []
-        keep = 0
-        while keep < len(parts) and keep < len(self._names) and self._names[keep] == parts[keep]:
-            keep += 1
-        self._truncate(keep)
-        for part in parts[keep:]:
-            if part in ("", ".", ".."):
-                raise OSError(errno.EINVAL, "unexpected path component", relpath)
-            if self.hook is not None:
-                self.hook("open_dir", "/".join(self._names + [part]))
-            fd = open_dir_at(self._open[-1][0], part, self.dev, self.mnt)
-            self._names.append(part)
-            self._open.append((fd, os.fstat(fd)))
-        return self._open[-1]
 
-    @property
-    def parent_fd(self) -> int:
-        """The fd of the parent of the directory last opened."""
-        return self._open[-2][0]
+def walk(root_fd: int, *, dev: int, descend: Callable[[Entry], bool] | None = None,
+         prune_paths: frozenset[str] = frozenset(), post_order: bool = False,
+         on_problem: Callable[[WalkProblem], None] | None = None, hook: Hook | None = None,
+         mnt: int | None = None) -> Iterator[Entry]:
+    """scan(), entry by entry: every entry below root_fd (its lstat), directories before their contents,
+    entered when descend(entry) says so (default: yes). prune_paths (mount points below the root) are
+    never yielded nor entered; entries on another device are reported, as is a directory that left
+    the root. With post_order, each entered directory comes again after its contents (post=True,
+    dir_fd its parent's). The caller must not keep dir_fd past the next iteration."""
+    problem = on_problem or _log_problem
+    for lst in scan(root_fd, dev=dev, on_problem=problem, hook=hook, mnt=mnt, post=post_order):
+        if lst.done:
+            yield lst.data[1]._replace(dir_fd=lst.parent.fd, post=True)
+            continue
+        if lst.data is None:  # first visit: [names of the batch not yet yielded, its own entry, the entry entered]
+            lst.data = [[], lst.parent.data[2] if lst.parent is not None else None, None]
+        while (entry := (yield from _walk_listing(lst, dev, prune_paths, problem))) is not None:
+            if descend is None or descend(entry):
+                lst.data[2] = entry
+                lst.enter = (entry.name, entry.st.st_ino)
+                break
 
-    def forget_last(self) -> None:
-        """Close the directory last opened (it was removed)."""
-        self._truncate(len(self._names) - 1)
 
-    def close(self) -> None:
-        self._truncate(0)
-        os.close(self._open[0][0])
-
-    def _truncate(self, depth: int) -> None:
-        while len(self._names) > depth:
-            self._names.pop()
-            os.close(self._open.pop()[0])
+def _walk_listing(lst: Listing, dev: int, prune_paths: frozenset[str],
+                  problem: Callable[[WalkProblem], None]):
+    """Yield lst's entries until a directory (returned, to descend into) or the end (None)."""
+    pending = lst.data[0]
+    while True:
+        if not pending:
+            try:
+                if not in_place(lst):
+                    problem(moved(lst))
+                    return None
+                pending[:] = reversed(lst.read())
+            except OSError as exc:  # getdents failed (e.g. the directory was removed under us)
+                problem(WalkProblem(lst.path or ".", classify_error(exc), exc.strerror or str(exc)))
+                return None
+            if not pending:
+                return None
+        name = pending.pop()
+        path = lst.prefix + name
+        if path in prune_paths:
+            continue
+        try:
+            st = os.stat(name, dir_fd=lst.fd, follow_symlinks=False)
+        except OSError as exc:
+            problem(WalkProblem(path, classify_error(exc), exc.strerror or str(exc)))
+            continue
+        if st.st_dev != dev:
+            problem(WalkProblem(path, "other-filesystem", "on another filesystem"))
+            continue
+        entry = Entry(lst.fd, name, path, st, stat.S_ISDIR(st.st_mode))
+        yield entry
+        if entry.is_dir:
+            return entry

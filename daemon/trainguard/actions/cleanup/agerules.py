@@ -1,0 +1,153 @@
+"""The age rules for one batch of names in one directory: written once here and once in C
+(_agescan.c), kept equal by tests/test_cleanup_rules.py (random trees and times, both judges).
+
+For each name: lstat relative to the directory fd, then, in this order: another filesystem,
+a directory (handed back to be entered), not a file or symlink or not wanted by the patterns
+(ignored), changed within grace, open by a process (a dry run's count is final), younger than
+older_than; then, deleting, open by a process, the max_delete bound (never unlink more than it
+allows) and the watermark's need (stop once it is freed), and the unlink relative to the fd
+(never through a symlink: a name swapped for a link loses the link, never its target).
+Which names are handed here at all (mount points, exclude globs, cache units, locks) is
+decided by the caller (age_fast.py), as are every count, skip, report and audit row.
+"""
+
+from __future__ import annotations
+
+import os
+import stat as stat_mod
+from typing import Callable, NamedTuple, Sequence
+
+try:
+    from trainguard.actions.cleanup import _agescan
+except ImportError:  # installed without a C compiler: the Python judge does the same work
+    _agescan = None
+
+# What happened to one name; the same numbers as _agescan.c's enum.
+IGNORED, IS_DIR, STAT_ERROR, OTHER_DEV, GRACE, YOUNG, OPEN, EXPIRED, UNLINK_ERROR, OVER_BOUND = range(10)
+HELD_BACK = 10  # Python only: due, but a process whose files could not be read could hold it (hold_back)
+AGE_BITS = {"atime": 1, "mtime": 2, "ctime": 4}
+NO_LIMIT = -1
+
+
+class Rule(NamedTuple):
+    """A policy's numbers, as both judges take them."""
+
+    dev: int  # the root's filesystem
+    age_mask: int  # 0: st_mtime itself; else the newest of the AGE_BITS fields
+    now: float
+    older_than: float  # due from this age (-inf: every eligible entry, for a histogram)
+    changed_after: float  # changed later than this: within grace
+
+
+class Bound(NamedTuple):
+    """Deleting: what this batch may still unlink. max_files/max_bytes (max_delete) are never
+    exceeded; need_bytes (a watermark or size cap) stops the batch once freed. -1: none."""
+
+    max_files: int = NO_LIMIT
+    max_bytes: int = NO_LIMIT
+    need_bytes: int = NO_LIMIT
+
+
+class Batch(NamedTuple):
+    dirs: list  # (name, ino): subdirectories on the root's filesystem
+    issues: list  # (name, code, errno, ino, bytes) for STAT_ERROR, OTHER_DEV, OPEN, UNLINK_ERROR, OVER_BOUND
+    gone: list  # (name, bytes, age): deleted, or (listing) due
+    files: int  # due (deleted, or due in a count)
+    bytes: int
+    young: int
+    grace: int
+
+
+def age_mask(age_by: Sequence[str]) -> int:
+    return 0 if tuple(age_by) == ("mtime",) else sum({AGE_BITS[f] for f in age_by})
+
+
+def age_timestamp(st: os.stat_result, mask: int) -> float:
+    """As policies.age_timestamp: the newest of the flagged times, from 0.0."""
+    if mask == 0:
+        return st.st_mtime
+    ts = 0.0
+    if mask & 1 and st.st_atime > ts:
+        ts = st.st_atime
+    if mask & 2 and st.st_mtime > ts:
+        ts = st.st_mtime
+    if mask & 4 and st.st_ctime > ts:
+        ts = st.st_ctime
+    return ts
+
+
+def judge_batch(dir_fd: int, names: list[str], wanted: bytes | None, rule: Rule, open_inos: bytes, delete: bool,
+                bound: Bound = Bound(), listed: bool = False, compiled: bool = True,
+                is_open: Callable[[int], bool] | None = None, hook: Callable[[str, str], None] | None = None,
+                hold_back: Callable[[os.stat_result], bool] | None = None) -> Batch:
+    """Judge (and, deleting, unlink) one batch. compiled: the C judge when it is built; else this
+    module's, which may also take is_open (a live open-file check, per entry), hook(event, name)
+    ("judged" and "before_delete", for tests that race one entry) and hold_back(lstat) (a due
+    entry it says could be open stays: HELD_BACK; only this judge has that rule)."""
+    if compiled and _agescan is not None and hold_back is None:
+        return Batch(*_agescan.age_batch(dir_fd, names, wanted, *rule, open_inos, delete, *bound, listed))
+    if is_open is None:
+        inos = set(memoryview(open_inos).cast("Q")) if open_inos else set()
+        is_open = inos.__contains__
+    return _judge_py(dir_fd, names, wanted, rule, is_open, delete, bound, listed, hook, hold_back)
+
+
+def _judge_py(dir_fd, names, wanted, rule, is_open, delete, bound, listed, hook, hold_back) -> Batch:
+    dev, mask, now, older_than, changed_after = rule
+    max_files, max_bytes, need_bytes = bound
+    s_isdir, s_isreg, s_islnk = stat_mod.S_ISDIR, stat_mod.S_ISREG, stat_mod.S_ISLNK
+    dirs, issues, gone = [], [], []
+    files = nbytes = young = grace = unlinked = unlinked_bytes = 0
+    for i, name in enumerate(names):
+        try:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except OSError as exc:
+            issues.append((name, STAT_ERROR, exc.errno or 0, 0, 0))
+            continue
+        ino, mode = st.st_ino, st.st_mode
+        if st.st_dev != dev:
+            issues.append((name, OTHER_DEV, 0, ino, 0))
+            continue
+        if s_isdir(mode):
+            dirs.append((name, ino))
+            continue
+        if not (s_isreg(mode) or s_islnk(mode)) or (wanted is not None and not wanted[i]):
+            continue
+        if st.st_mtime > changed_after or st.st_ctime > changed_after:
+            grace += 1
+            continue
+        size = st.st_blocks * 512 if st.st_nlink <= 1 else 0
+        age = now - age_timestamp(st, mask)
+        if not delete and is_open(ino):
+            issues.append((name, OPEN, 0, ino, size))  # a dry run's count is final: what is open stays
+            continue
+        if not age >= older_than:
+            young += 1
+            continue
+        if hold_back is not None and hold_back(st):
+            issues.append((name, HELD_BACK, 0, ino, size))
+            continue
+        if delete:
+            if hook is not None:
+                hook("judged", name)
+            if is_open(ino):
+                issues.append((name, OPEN, 0, ino, size))
+                continue
+            if ((max_files >= 0 and unlinked + 1 > max_files) or (max_bytes >= 0 and unlinked_bytes + size > max_bytes)
+                    or (need_bytes >= 0 and unlinked_bytes >= need_bytes)):
+                issues.append((name, OVER_BOUND, 0, ino, size))
+                continue
+            try:
+                if hook is not None:
+                    hook("before_delete", name)
+                os.unlink(name, dir_fd=dir_fd)
+            except OSError as exc:
+                issues.append((name, UNLINK_ERROR, exc.errno or 0, ino, size))
+                continue
+            unlinked += 1
+            unlinked_bytes += size
+        files += 1
+        nbytes += size
+        if delete or listed:
+            gone.append((name, size, age))
+    return Batch(dirs, issues, gone, files, nbytes, young, grace)

@@ -1,0 +1,118 @@
+"""The age rules are written twice, in C (_agescan.c) and in Python (agerules.py): on random trees
+(files, symlinks, fifos, directories, hard links, odd names), random times on both sides of every
+boundary, random policies, open files and bounds, both judges decide the same, entry by entry,
+and leave the same tree behind."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+import time
+from array import array
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from trainguard.actions.cleanup import agerules
+from trainguard.actions.cleanup.agerules import Bound, Rule
+
+pytestmark = pytest.mark.skipif(agerules._agescan is None, reason="trainguard.actions.cleanup._agescan is not built")
+
+DAY = 86400.0
+T0 = math.floor(time.time())
+KINDS = ("file", "empty", "symlink", "dangling", "fifo", "dir", "hardlink")
+NAMES = st.text(st.sampled_from("abc.-_ \n\u00e9"), min_size=1, max_size=6).filter(lambda n: n not in (".", ".."))
+# Times: whole days, odd nanoseconds, and exactly on the policy's boundaries (older_than, grace).
+OFFSETS = st.one_of(st.integers(-40, 3).map(lambda d: d * DAY), st.floats(-40 * DAY, 2 * DAY),
+                    st.sampled_from(["boundary", "grace"]))
+
+ENTRY = st.tuples(NAMES, st.sampled_from(KINDS), OFFSETS, OFFSETS, st.integers(0, 3), st.booleans(), st.booleans())
+
+
+def _time(offset, now: float, older_than: float, changed_after: float) -> float:
+    if offset == "boundary":
+        return now - older_than  # due exactly now
+    if offset == "grace":
+        return changed_after
+    return T0 + offset
+
+
+def build(root: str, entries, now: float, older_than: float, changed_after: float) -> list[str]:
+    """The tree in one directory; the names, in creation order (the batch)."""
+    os.mkdir(root)
+    made = []
+    for name, kind, atime, mtime, blocks, _open, _wanted in entries:
+        path = os.path.join(root, name)
+        if name in made:
+            continue
+        if kind in ("file", "empty"):
+            with open(path, "wb") as fh:
+                fh.write(b"x" * 4096 * blocks if kind == "file" else b"")
+        elif kind == "symlink":
+            os.symlink(made[0] if made else "/etc/hostname", path)
+        elif kind == "dangling":
+            os.symlink("nowhere", path)
+        elif kind == "fifo":
+            os.mkfifo(path)
+        elif kind == "dir":
+            os.mkdir(path)
+        elif kind == "hardlink":
+            target = next((os.path.join(root, m) for m in made if os.path.isfile(os.path.join(root, m))
+                           and not os.path.islink(os.path.join(root, m))), None)
+            if target is None:
+                continue
+            os.link(target, path)
+        times = (_time(atime, now, older_than, changed_after), _time(mtime, now, older_than, changed_after))
+        os.utime(path, ns=tuple(int(t * 1e9) for t in times), follow_symlinks=False)
+        made.append(name)
+    return made
+
+
+def judge(root: str, names, entries, rule: Rule, delete: bool, bound: Bound, listed: bool, compiled: bool):
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        by_name = {e[0]: e for e in reversed(entries)}
+        inos = sorted({os.lstat(os.path.join(root, n)).st_ino for n in names if by_name[n][5]})
+        wanted = bytes(by_name[n][6] for n in names)
+        got = agerules.judge_batch(fd, list(names), wanted, rule._replace(dev=os.fstat(fd).st_dev),
+                                   array("Q", inos).tobytes(), delete, bound, listed, compiled)
+    finally:
+        os.close(fd)
+    # Inodes differ between two copies of a tree: compare by name.
+    return (sorted(n for n, _i in got.dirs), sorted((n, c, e, b) for n, c, e, _i, b in got.issues),
+            sorted(got.gone), got.files, got.bytes, got.young, got.grace, sorted(os.listdir(root)))
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(entries=st.lists(ENTRY, min_size=1, max_size=14), mask=st.integers(0, 7), older_days=st.integers(0, 30),
+       now_days=st.integers(0, 3), grace_s=st.sampled_from([0.0, 1.0, 600.0, 2 * DAY]), delete=st.booleans(),
+       listed=st.booleans(), bound=st.tuples(st.integers(-1, 6), st.sampled_from([-1, 0, 4096, 20000]),
+                                             st.sampled_from([-1, 0, 4096, 10000])))
+def test_the_compiled_and_the_python_judge_decide_alike(entries, mask, older_days, now_days, grace_s, delete,
+                                                         listed, bound):
+    now = T0 + now_days * DAY + DAY / 2  # ctimes (creation, about T0) are never on a boundary
+    older_than = older_days * DAY
+    rule = Rule(0, mask, now, older_than, now - grace_s)
+    base = tempfile.mkdtemp(prefix="tg-rules-")
+    try:
+        results = []
+        for compiled in (True, False):
+            root = os.path.join(base, "c" if compiled else "p")
+            names = build(root, entries, now, older_than, now - grace_s)
+            results.append(judge(root, names, entries, rule, delete, Bound(*bound), listed, compiled))
+        assert results[0] == results[1]
+    finally:
+        shutil.rmtree(base)
+
+
+def test_the_boundaries_are_exact(tmp_path):
+    """Due at exactly older_than; in grace only when changed strictly after now - grace."""
+    now = T0 + DAY / 2
+    entries = [("due", "file", "boundary", "boundary", 1, False, True),
+               ("young", "file", 0.0, now - T0 - DAY + 1e-3, 1, False, True)]
+    names = build(str(tmp_path / "t"), entries, now, DAY, now - 3 * DAY)
+    for compiled in (True, False):
+        got = judge(str(tmp_path / "t"), names, entries, Rule(0, 2, now, DAY, now - 60), False, Bound(), True, compiled)
+        assert [g[0] for g in got[2]] == ["due"] and got[5] == 1
