@@ -40,7 +40,7 @@ _AGE_BITS = {"atime": 1, "mtime": 2, "ctime": 4}
 
 def usable(ctx: Ctx, counting: bool) -> bool:
     """Whether this pass 1 can run batched: an age policy, deleting in one pass or only counting."""
-    return ENABLED and isinstance(ctx.policy, AgePolicy) and counting
+    return ENABLED and isinstance(ctx.policy, AgePolicy) and counting and ctx.tools.open_files.hold_back is None
 
 
 class AgeBatches:

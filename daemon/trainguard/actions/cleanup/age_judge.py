@@ -53,7 +53,7 @@ def make_judge(ctx: Ctx, busy: Busy | None) -> Judge:
     age_by = age_fields(policy)
     by_mtime = age_by == ("mtime",)
     is_reg, is_lnk = stat_mod.S_ISREG, stat_mod.S_ISLNK
-    skip = ctx.tally.skip
+    skip, unverifiable = ctx.tally.skip, ctx.tools.open_files.unverifiable
 
     def judge(dir_fd: int, name: str, path: str, st: os.stat_result, is_dir: bool) -> tuple[float, int, int, bool] | None:
         if ((ex_name(name) if ex_simple else excluded(name, path))
@@ -73,6 +73,9 @@ def make_judge(ctx: Ctx, busy: Busy | None) -> Judge:
             skip("grace", path)
             return None
         ts = st.st_mtime if by_mtime else sel.age_timestamp(st, age_by)
+        if unverifiable(st) and (policy.older_than is None or ctx.now - ts >= policy.older_than):
+            skip("unverifiable-open", path)  # due, but a process not inspected could hold it
+            return None
         return ts, (st.st_blocks * 512 if st.st_nlink <= 1 else 0), 1, False
 
     return judge
@@ -91,6 +94,8 @@ def _judge_unit(ctx: Ctx, dir_fd: int, name: str, path: str, st: os.stat_result,
         ctx.tally.skip("linked-elsewhere", path)  # e.g. a conda package hard-linked into an environment
     elif unit.problems:
         ctx.tally.skip("mount-point" if unit.mounts else "unreadable", path)
+    elif ctx.tools.open_files.unverifiable(st):
+        ctx.tally.skip("unverifiable-open", path)
     else:
         return unit.newest_access, unit.bytes, unit.files, True
     return None
