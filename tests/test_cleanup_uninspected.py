@@ -192,3 +192,66 @@ def test_the_report_and_its_message_say_what_was_kept_and_why():
             texts = texts_for(found[kind], tr(lang))
             assert not texts.fallback and words in texts.what, (lang, kind, texts.what)
             assert len(texts.fact) <= 60
+
+
+# --- every kind, in process: a /proc whose one process cannot be inspected --------------------------
+
+STATUS = "Name:\ttrain\nState:\tS (sleeping)\nUid:\t65534\t65534\t65534\t65534\nGid:\t65534\t65534\t65534\t65534\n" \
+         "Groups:\t\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\n"
+
+
+@pytest.fixture
+def proc_root(tmp_path):
+    """A /proc (captured text) holding one process of uid 65534 whose fd directory cannot be listed;
+    self/ is this process's own, for the mount table."""
+    proc = tmp_path / "proc"
+    (proc / "4242").mkdir(parents=True)
+    (proc / "4242" / "fd").write_text("")  # not a directory: reading it fails as an unreadable one does
+    (proc / "4242" / "stat").write_text("4242 (train) S 1 4242 4242 0 -1 4194560 0 0 0 0\n")
+    (proc / "4242" / "status").write_text(STATUS)
+    (proc / "self").symlink_to(f"/proc/{os.getpid()}")
+    return str(proc)
+
+
+def _old(path: Path, mode: int, data: bytes = b"x") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    os.chmod(path, mode)
+    os.utime(path, (OLD, OLD))
+    return path
+
+
+def _policy(doc: dict):
+    from trainguard import config
+
+    return config.parse({"cleanup": [doc]}, "test").cleanup[0]
+
+
+@pytest.mark.parametrize("dry", [True, False])
+def test_every_kind_keeps_what_an_uninspected_process_could_open(tmp_path, proc_root, dry):
+    from trainguard.actions.cleanup.runner import CleanupRunner
+
+    age_root, ckpt_root, cache_root = tmp_path / "scratch", tmp_path / "ckpt", tmp_path / "torch"
+    private, shared = _old(age_root / "a" / "private.tmp", 0o600), _old(age_root / "a" / "shared.tmp", 0o644)
+    for step in (1, 2, 3):  # keep_last 1: steps 1 and 2 are due
+        _old(ckpt_root / "run" / f"step{step}.pt", 0o600 if step == 1 else 0o644)
+    for unit, mode in (("hub_private", 0o700), ("hub_shared", 0o755)):
+        _old(cache_root / unit / "weights.bin", 0o600)
+        os.chmod(cache_root / unit, mode)
+        os.utime(cache_root / unit, (OLD, OLD))
+    policies = [
+        _policy({"name": "age", "type": "age", "roots": [str(age_root)], "older_than": "7d", "age_by": ["mtime"],
+                 "grace": "0s", "max_delete": "100 files"}),
+        _policy({"name": "ckpt", "type": "checkpoints", "roots": [str(ckpt_root)], "keep_last": 1, "grace": "0s"}),
+        _policy({"name": "torch", "type": "torch-cache", "roots": [str(cache_root)], "older_than": "7d",
+                 "grace": "0s"}),
+    ]
+    runner = CleanupRunner(policies, proc_root=proc_root, homes=frozenset())
+    reports = {p.name: runner.run(p, dry_run=dry) for p in policies}
+    for name, report in reports.items():
+        assert report.uninspected == 1, name
+        assert (report.files, report.skipped.get("unverifiable-open")) == (1, 1), (name, report)
+    if not dry:
+        assert not private.exists() and shared.exists()
+        assert sorted(p.name for p in (ckpt_root / "run").iterdir()) == ["step2.pt", "step3.pt"]
+        assert sorted(os.listdir(cache_root)) == ["hub_shared"]

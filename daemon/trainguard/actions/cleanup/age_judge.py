@@ -94,8 +94,9 @@ def _judge_unit(ctx: Ctx, dir_fd: int, name: str, path: str, st: os.stat_result,
         ctx.tally.skip("linked-elsewhere", path)  # e.g. a conda package hard-linked into an environment
     elif unit.problems:
         ctx.tally.skip("mount-point" if unit.mounts else "unreadable", path)
-    elif ctx.tools.open_files.unverifiable(st):
-        ctx.tally.skip("unverifiable-open", path)
+    elif ctx.tools.open_files.unverifiable(st) and (ctx.policy.older_than is None
+                                                    or ctx.now - unit.newest_access >= ctx.policy.older_than):
+        ctx.tally.skip("unverifiable-open", path)  # due, but a process not inspected could hold a file in it
     else:
         return unit.newest_access, unit.bytes, unit.files, True
     return None
