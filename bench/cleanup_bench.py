@@ -107,7 +107,7 @@ class OneSize:
         self.template = os.path.join(base, "template")
         t = time.perf_counter()
         build(self.template, files)
-        print(f"built the {files}-file template in {time.perf_counter() - t:.0f}s", flush=True)
+        print(f"built the {files}-file template in {time.perf_counter() - t:.0f}s")
         self.state = os.path.join(base, "state")
         self.config = os.path.join(base, "config.toml")
         os.makedirs(self.state)
@@ -165,6 +165,16 @@ def compiled_loop(env: dict[str, str], config: str) -> dict:
     return json.loads(out)["cleanup_loop"]
 
 
+def print_row(r: dict) -> None:
+    ratios = (r["bounded"] / r["find_delete"], r["one-pass"] / r["find_delete"], r["dry"] / r["find_print"])
+    print(f"{int(r['files']):>9} | {r['find_delete']:>11.2f}s | {r['bounded']:>7.2f}s | {ratios[0]:>5.2f}x | "
+          f"{r['one-pass']:>7.2f}s | {ratios[1]:>5.2f}x | {r['find_print']:>10.2f}s | {r['dry']:>7.2f}s | "
+          f"{ratios[2]:>5.2f}x | {r['growth_mib']:>6.1f} MiB | {r['startup']:.2f}s")
+    met = (ratios[0] <= 1.3, ratios[2] <= 1.3, r["growth_mib"] < 20)
+    print(f"{'':>9}   targets (cleanup <= 1.3x, dry run <= 1.3x, RSS growth < 20 MiB): "
+          + ", ".join("met" if m else "NOT met" for m in met), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--files", type=int, nargs="+", default=[200000, 1000000])
@@ -172,27 +182,19 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="where to build the trees (default: a temp dir on /var/tmp)")
     args = ap.parse_args()
     base = tempfile.mkdtemp(prefix="tg-cleanup-bench-", dir=args.dir or "/var/tmp")
-    rows = []
     try:
         for n in args.files:
-            sizes = OneSize(os.path.join(base, str(n)), n)
+            size = OneSize(os.path.join(base, str(n)), n)
             if n == args.files[0]:
-                sizes.fresh(empty=True)
-                print(compiled_loop(sizes.env, sizes.config)["message"])
-            runs = [sizes.once() for _ in range(args.repeat)]
-            rows.append({k: statistics.median(r[k] for r in runs) for k in runs[0]})
+                size.fresh(empty=True)
+                print(compiled_loop(size.env, size.config)["message"])
+                print(f"{'files':>9} | {'find -delete':>12} | {'cleanup':>8} | {'ratio':>6} | {'one pass':>8} | "
+                      f"{'ratio':>6} | {'find -print':>11} | {'dry run':>8} | {'ratio':>6} | RSS growth | start-up")
+            runs = [size.once() for _ in range(args.repeat)]
+            print_row({k: statistics.median(r[k] for r in runs) for k in runs[0]})
+            subprocess.run(["rm", "-rf", size.base], check=False)  # its template too: the next size needs the inodes
     finally:
         subprocess.run(["rm", "-rf", base], check=False)
-    print(f"{'files':>9} | {'find -delete':>12} | {'cleanup':>8} | {'ratio':>6} | {'one pass':>8} | {'ratio':>6} | "
-          f"{'find -print':>11} | {'dry run':>8} | {'ratio':>6} | RSS growth | start-up")
-    for r in rows:
-        ratios = (r["bounded"] / r["find_delete"], r["one-pass"] / r["find_delete"], r["dry"] / r["find_print"])
-        print(f"{int(r['files']):>9} | {r['find_delete']:>11.2f}s | {r['bounded']:>7.2f}s | {ratios[0]:>5.2f}x | "
-              f"{r['one-pass']:>7.2f}s | {ratios[1]:>5.2f}x | {r['find_print']:>10.2f}s | {r['dry']:>7.2f}s | "
-              f"{ratios[2]:>5.2f}x | {r['growth_mib']:>6.1f} MiB | {r['startup']:.2f}s")
-        met = (ratios[0] <= 1.3, ratios[2] <= 1.3, r["growth_mib"] < 20)
-        print(f"{'':>9}   targets (cleanup <= 1.3x, dry run <= 1.3x, RSS growth < 20 MiB): "
-              + ", ".join("met" if m else "NOT met" for m in met))
 
 
 if __name__ == "__main__":
