@@ -143,18 +143,19 @@ class OneSize:
         self.fresh()
         r["find_delete"], _rss, _out = run(["find", self.tree, "-type", "f", "-mtime", "+7", "-delete"])
         left_find = self.left()
-        growth = []
+        growth = {}
         for policy in ("bounded", "one-pass"):
             self.fresh()
             r[policy], rss, deleted = self.cleanup(policy)
-            growth.append(rss - base[policy])
+            growth[policy] = rss - base[policy]
             assert self.left() == left_find and deleted == self.files - left_find, (policy, self.left(), left_find)
         self.fresh()
         r["find_print"], _rss, out = run(["find", self.tree, "-type", "f", "-mtime", "+7", "-print"])
         r["dry"], rss, would = self.cleanup("bounded", dry=True)
-        growth.append(rss - base["dry"])
+        growth["dry"] = rss - base["dry"]
         assert would == out.count("\n") == self.files - left_find, (would, out.count("\n"))
-        r["growth_mib"] = max(growth) / 1024
+        r.update({f"growth_{k}": v / 1024 for k, v in growth.items()})
+        r["growth_mib"] = max(growth.values()) / 1024
         subprocess.run(["rm", "-rf", self.tree], check=True)
         return r
 
@@ -170,6 +171,8 @@ def print_row(r: dict) -> None:
     print(f"{int(r['files']):>9} | {r['find_delete']:>11.2f}s | {r['bounded']:>7.2f}s | {ratios[0]:>5.2f}x | "
           f"{r['one-pass']:>7.2f}s | {ratios[1]:>5.2f}x | {r['find_print']:>10.2f}s | {r['dry']:>7.2f}s | "
           f"{ratios[2]:>5.2f}x | {r['growth_mib']:>6.1f} MiB | {r['startup']:.2f}s")
+    print(f"{'':>9}   RSS growth: cleanup {r['growth_bounded']:.1f} MiB, one pass {r['growth_one-pass']:.1f} MiB, "
+          f"dry run {r['growth_dry']:.1f} MiB")
     met = (ratios[0] <= 1.3, ratios[2] <= 1.3, r["growth_mib"] < 20)
     print(f"{'':>9}   targets (cleanup <= 1.3x, dry run <= 1.3x, RSS growth < 20 MiB): "
           + ", ".join("met" if m else "NOT met" for m in met), flush=True)
