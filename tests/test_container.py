@@ -80,6 +80,83 @@ def test_dockerfile_passes_hadolint():
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+def _stages() -> list[list]:
+    stages: list[list] = []
+    for ins in dockerfile_instructions():
+        if ins.cmd == "FROM":
+            stages.append([])
+        stages[-1].append(ins)
+    return stages
+
+
+def _builder_sources(builder: list, src) -> str:
+    """Copy what the builder stage's COPY instructions copy (less .dockerignore) into src; its WORKDIR."""
+    workdir = next(i.value[0] for i in builder if i.cmd == "WORKDIR")
+    ignored = [line.removeprefix("**/") for line in (REPO / ".dockerignore").read_text().splitlines()
+               if line and not line.startswith("#")]
+    for ins in builder:
+        if ins.cmd != "COPY":
+            continue
+        *sources, dest = ins.value
+        target = src / os.path.relpath(os.path.join(workdir, dest), workdir)
+        for name in sources:
+            if (REPO / name).is_dir():
+                shutil.copytree(REPO / name, target, ignore=shutil.ignore_patterns(*ignored))
+            else:
+                target.mkdir(parents=True, exist_ok=True)
+                shutil.copy(REPO / name, target)
+    return workdir
+
+
+@pytest.mark.slow
+def test_the_image_wheel_carries_the_compiled_cleanup_loop(tmp_path):
+    """The builder stage's wheel command, run as the Dockerfile has it in a fresh virtual environment
+    (no container engine here), makes a wheel with the compiled loop; the runtime stage's install of
+    that wheel and its import check pass outside the source tree."""
+    if shutil.which("gcc") is None:
+        pytest.skip("no C compiler (gcc) here: the builder stage installs one")
+    builder, runtime = _stages()
+    assert builder[0].value[-1] == "builder" and runtime[0].value[0] == builder[0].value[0]
+    src = tmp_path / "src"
+    workdir = _builder_sources(builder, src)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=300)
+    # The venv's bundled setuptools would shadow this interpreter's: the builder's own pip install
+    # of setuptools then finds the one here instead of downloading it.
+    subprocess.run([venv / "bin" / "python", "-m", "pip", "uninstall", "-q", "-y", "setuptools"], check=True,
+                   timeout=300)
+    env = {**child_env({}), "PATH": f"{venv}/bin:{os.environ['PATH']}", "PIP_NO_INDEX": "1"}
+    env.pop("PYTHONPATH", None)
+    for ins in builder:
+        if ins.cmd == "ENV":
+            env.update(zip(ins.value[0::2], ins.value[1::2]))
+    # Every RUN of the builder but the system packages (gcc is here already), in its order.
+    for build in [i.value[0] for i in builder if i.cmd == "RUN" and not i.value[0].startswith("apt-get")]:
+        done = subprocess.run(["sh", "-c", build], cwd=src, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, (build, done.stdout[-3000:], done.stderr[-3000:])
+    (wheel,) = (src / "wheels").glob("trainguard-*.whl")
+    import zipfile
+
+    names = zipfile.ZipFile(wheel).namelist()
+    assert [n for n in names if n.startswith("trainguard/actions/cleanup/_agescan") and n.endswith(".so")], names
+
+    (copy,) = [i for i in runtime if i.cmd == "COPY" and "--from=builder" in i.flags]
+    assert copy.value[0] == f"{workdir}/wheels"
+    install = next(i.value[0] for i in runtime if i.cmd == "RUN" and "pip install" in i.value[0])
+    steps = [step.strip() for step in install.split("&&")]
+    assert steps[0].startswith("pip install") and copy.value[1] in steps[0]
+    check = next(step for step in steps if step.startswith("python -c"))
+    # The dependencies are this interpreter's (no index here); the wheel itself goes into the venv.
+    pip = steps[0].replace(copy.value[1], str(src / "wheels")) + " --no-deps"
+    for command in (pip, check):
+        done = subprocess.run(["sh", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, (command, done.stdout[-3000:], done.stderr[-3000:])
+    where = subprocess.run(["python", "-c", "import trainguard.actions.cleanup._agescan as m; print(m.__file__)"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=True).stdout
+    assert where.startswith(str(venv)), where
+
+
 def test_compose_file_validates_against_the_compose_spec():
     if shutil.which("check-jsonschema") is None:
         pytest.skip("check-jsonschema not installed (pip install check-jsonschema)")

@@ -82,6 +82,9 @@ SAMPLES = {
         "blocked": ["/root/.cache/huggingface is read-only for trainguard (mounted read-only here)"],
         "blocked_paths": [{"path": "/root/.cache/huggingface", "why": "read-only"}]},
         labels={"policy": "hf-cache"}),
+    "cleanup.unverified": Finding("cleanup.unverified:tmp", Severity.WARNING, "s", details={
+        "roots": [], "trigger": "schedule", "skipped": {"unverifiable-open": 37}, "blocked": [],
+        "planned_files": 0, "planned_bytes": 0, "uninspected": 12, "unverifiable": 37}, labels={"policy": "tmp"}),
     "fs.next_checkpoint": Finding(f"fs.next_checkpoint:{LONG_MP}", Severity.CRITICAL, "s", details={
         "mountpoint": LONG_MP, "checkpoint_bytes": 140 * GiB, "needed_bytes": 154 * GiB, "avail_bytes": 150 * GiB,
         "used_ratio": 0.85, "avail_at_next_bytes": 131 * GiB, "next_write_ts": T0 + 1500,

@@ -24,14 +24,18 @@ def cmd_check_config(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_CONFIG
     effective = configmod.dump(loaded.config)
+    from trainguard.actions.cleanup.compiled import loop_doc
+
+    loop = loop_doc()
     if args.json:
-        print(json.dumps({"valid": True, "sources": [loaded.source, *loaded.env_vars], "config": effective},
-                         indent=2))
+        print(json.dumps({"valid": True, "sources": [loaded.source, *loaded.env_vars], "config": effective,
+                          "cleanup_loop": loop}, indent=2))
         return EXIT_OK
     from trainguard.config.render import to_toml
 
     print(f"# valid: {loaded.source}")
     print(f"# merged: {loaded.sources}")
+    print(f"# {loop['message']}")
     print(to_toml(effective), end="")
     return EXIT_OK
 

@@ -199,11 +199,15 @@ def _cleanup_report(f: Finding, _: Gettext) -> Texts:
     freed = sum(int(r.get("bytes") or 0) for r in roots)
     files = sum(int(r.get("files") or 0) for r in roots)
     mounts = ", ".join(sorted({str(r.get("mount")) for r in roots if r.get("mount")}))
+    uninspected = int(f.details.get("uninspected") or 0)
+    unseen = (" " + _("{count} processes of other users could not be inspected; {kept} due entries they could "
+                      "have open were kept.").format(count=uninspected, kept=f.details.get("unverifiable") or 0)
+              if uninspected else "")
     return Texts(
         fact=_("cleanup freed {freed}").format(freed=format_bytes(freed)),
         subject=_("cleanup {policy}").format(policy=f.labels["policy"]),
         what=_("Cleanup {policy} deleted {files} files and freed {freed} on {mounts}.").format(
-            policy=f.labels["policy"], files=files, freed=format_bytes(freed), mounts=mounts or "-"),
+            policy=f.labels["policy"], files=files, freed=format_bytes(freed), mounts=mounts or "-") + unseen,
         why=_("Trigger: {trigger}.").format(trigger=f.details.get("trigger") or "-"))
 
 

@@ -32,6 +32,21 @@ def _cleanup_blocked(f: Finding, _: Gettext) -> Texts:
                "or fix its permissions."))
 
 
+@renders("cleanup.unverified")
+def _cleanup_unverified(f: Finding, _: Gettext) -> Texts:
+    policy, d = f.labels["policy"], f.details
+    return Texts(
+        fact=_("cleanup {policy} kept {kept} entries").format(policy=policy, kept=d["unverifiable"]),
+        subject=_("cleanup {policy} open-file check").format(policy=policy),
+        what=_("Cleanup {policy} kept {kept} due entries: {count} processes of other users could not be "
+               "inspected, and they could have those files open.").format(
+            policy=policy, kept=d["unverifiable"], count=d["uninspected"]),
+        why=_("Without root, trainguard cannot see other users' open files, so it does not delete what they "
+              "may be using: this policy frees less space."),
+        step=_("Run trainguard as root (or with CAP_DAC_READ_SEARCH and CAP_SYS_PTRACE) to check their open "
+               "files; trainguard cleanup --dry-run lists what is kept."))
+
+
 @renders("fs.next_checkpoint")
 def _fs_next_checkpoint(f: Finding, _: Gettext) -> Texts:
     d, mp = f.details, str(f.details.get("mountpoint") or f.labels.get("mountpoint") or "")

@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 from trainguard import config as configmod
 from trainguard.actions.cleanup.audit import read_freed
+from trainguard.actions.cleanup.compiled import loop_doc
 from trainguard.alerts import lifecycle as alerts
 from trainguard.clock import Clock, SystemClock
 from trainguard.detectors import DetectorInput, evaluate
@@ -219,6 +220,7 @@ def build(cfg: configmod.Config, *, state_dir: str | None = None, clock: Clock |
         "alerts": [alert_doc(s) for s in sorted(alert_states, key=lambda s: s.key)],
     }
     doc["cleanup"] = cleanup_doc(conn, now)
+    doc["cleanup_loop"] = loop_doc()
     doc["outbox"] = outbox_doc(conn, cfg, now)
     doc["mirrors"] = mirrors_doc(snapshot, cfg, now)
     if conn is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Sequence
 
+from trainguard.actions.cleanup.compiled import loop_line
 from trainguard.i18n import N_, Gettext, format_when, tr
 from trainguard.notify.messages import SEVERITY_WORDS
 from trainguard.notify.texts import Texts, texts_for
@@ -158,6 +159,8 @@ def render_text(doc: dict[str, Any], lang: str = "en") -> str:
         out.extend(_("  {policy}: {day} / {total} ({files} files, last run {last})").format(
             policy=c["policy"], day=format_bytes(c["freed_bytes_24h"]), total=format_bytes(c["freed_bytes_total"]),
             files=c["freed_files_total"], last=c["last_run"]) for c in doc["cleanup"])
+    if doc.get("cleanup_loop"):
+        out.append(loop_line(doc["cleanup_loop"], _))
     out += _alerts(doc, _)
     if doc.get("mirrors"):
         out.append(_("Mirrors:"))

@@ -149,6 +149,8 @@ def _recheck(ctx: Ctx, pfd: int, name: str, st: os.stat_result, cand: sel.Candid
             ctx.tally.skip("mount-point" if unit.mounts else "unreadable", path)
         elif of.any_open(unit.inodes):
             ctx.skip_open(path, unit.inodes)
+        elif of.unverifiable(st):
+            ctx.tally.skip("unverifiable-open", path)
         else:
             return unit.bytes, unit.files
         return None
@@ -157,6 +159,8 @@ def _recheck(ctx: Ctx, pfd: int, name: str, st: os.stat_result, cand: sel.Candid
         ctx.tally.skip("grace", path)
     elif of.is_open(st.st_dev, st.st_ino):
         ctx.skip_open(path, [(st.st_dev, st.st_ino)])
+    elif of.unverifiable(st):
+        ctx.tally.skip("unverifiable-open", path)
     else:
         return sel.freed_bytes(st), 1
     return None

@@ -177,6 +177,7 @@ def _measure(ctx: Ctx, root: Root, repo: str, commit: str, only_here: set[str], 
     unit = unittree.measure_unit(snaps, commit, dev, ctx.tools.hook)
     blobs, inodes = [], list(unit.inodes)
     last_use, newest_change = 0.0, unit.newest_change  # last use: its own blobs' atime/mtime
+    unverifiable = False  # an uninspected process could hold one of its blobs
     for blob in sorted(only_here):
         try:
             st = os.stat(blob, dir_fd=blobs_fd, follow_symlinks=False)
@@ -185,6 +186,7 @@ def _measure(ctx: Ctx, root: Root, repo: str, commit: str, only_here: set[str], 
         if stat_mod.S_ISREG(st.st_mode) and st.st_dev == dev:
             blobs.append((blob, st.st_ino, sel.freed_bytes(st)))
             inodes.append((st.st_dev, st.st_ino))
+            unverifiable = unverifiable or ctx.tools.open_files.unverifiable(st)
             last_use = max(last_use, st.st_atime, st.st_mtime)
             newest_change = max(newest_change, st.st_mtime, st.st_ctime)
     last_use = last_use or unit.newest_access
@@ -195,6 +197,8 @@ def _measure(ctx: Ctx, root: Root, repo: str, commit: str, only_here: set[str], 
         ctx.tally.skip("grace", path)
     elif ctx.tools.open_files.any_open(inodes):
         ctx.skip_open(path, inodes)
+    elif unverifiable:
+        ctx.tally.skip("unverifiable-open", path)
     else:
         return Detached(repo, commit, tuple(blobs), sum(b for _n, _i, b in blobs), last_use)
     return None

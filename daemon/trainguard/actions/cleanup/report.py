@@ -75,6 +75,7 @@ class CleanupReport:
     blocked_paths: tuple[tuple[str, str], ...] = ()  # the same as facts: (path, "read-only" or "permission")
     top_dirs: tuple[tuple[str, int, int], ...] = ()  # (directory, bytes, files), most bytes first
     holders: tuple[str, ...] = ()  # "PID 812 (python train.py)" for entries skipped as open
+    uninspected: int = 0  # processes whose open files could not be read (another user's, when not root)
 
     @property
     def mounts(self) -> list[str]:
@@ -184,6 +185,8 @@ def describe(report: CleanupReport) -> str:
         line += "; skipped " + ", ".join(f"{n} {reason}" for reason, n in skipped)
     if report.blocked:
         line += "; cannot delete: " + "; ".join(report.blocked)
+    if report.uninspected:
+        line += "; " + uninspected_note(report.uninspected)
     return line
 
 
@@ -191,7 +194,14 @@ _REASON_WORDS = {
     "young": "newer than older_than", "grace": "within grace (changed less than grace ago)",
     "open": "open by a process", "not-mirrored": "without an identical copy on the mirror",
     "mount-point": "holding a mount point", "kept": "kept by keep_last/keep_every",
+    "unverifiable-open": "possibly open in a process that could not be inspected",
 }
+
+
+def uninspected_note(count: int) -> str:
+    """Why a run may keep files it cannot prove closed (texts.py says it in the reader's language)."""
+    procs = "1 process" if count == 1 else f"{count} processes"
+    return f"{procs} of other users could not be inspected (run as root to check their open files)"
 
 
 def why_nothing(report: CleanupReport) -> str:
@@ -238,9 +248,20 @@ def findings_for(report: CleanupReport) -> list[Finding]:
         "blocked_paths": [{"path": p, "why": kind} for p, kind in report.blocked_paths],
         "planned_files": report.planned_files,
         "planned_bytes": report.planned_bytes,
+        "uninspected": report.uninspected,
+        "unverifiable": report.skipped.get("unverifiable-open", 0),
     }
     labels = {"policy": report.policy}
     out = [_blocked_finding(report, details, labels)] if report.blocked else []
+    if details["unverifiable"] and not report.dry_run:
+        out.append(Finding(
+            key=f"cleanup.unverified:{report.policy}", severity=Severity.WARNING,
+            summary=f"cleanup {report.policy} kept {details['unverifiable']} due entries: "
+                    f"{uninspected_note(report.uninspected)}",
+            details=details, labels=labels, value=float(details["unverifiable"]),
+            hint="run trainguard as root (or with CAP_DAC_READ_SEARCH and CAP_SYS_PTRACE) so that it can "
+                 "check every process's open files; trainguard cleanup --dry-run lists what is kept",
+        ))
     if report.guard:
         out.append(Finding(
             key=f"cleanup.guard:{report.policy}", severity=Severity.WARNING,

@@ -175,7 +175,7 @@ class CleanupRunner:
             policy=ctx.policy.name, type=ctx.policy.type, trigger=trigger, dry_run=ctx.dry_run, started=started,
             finished=self.clock(), roots=roots, files=t.files, bytes=t.bytes, skipped=dict(t.skipped),
             guard=guard, items=tuple(t.items), planned_files=planned[0], planned_bytes=planned[1],
-            dirs_removed=t.dirs, blocked=tuple(t.blocked), blocked_paths=tuple(t.blocked_paths), top_dirs=t.top_dirs(), holders=tuple(t.holders.values()),
+            uninspected=len(ctx.tools.open_files.uninspected), dirs_removed=t.dirs, blocked=tuple(t.blocked), blocked_paths=tuple(t.blocked_paths), top_dirs=t.top_dirs(), holders=tuple(t.holders.values()),
         )
         log.info("%s", describe(report))
         return report

@@ -13,6 +13,7 @@ import time
 from array import array
 from typing import Callable, Iterable
 
+from trainguard.actions.cleanup.uninspected import HoldBack, Uninspected, read_uninspected
 from trainguard.rootcheck import home_dirs  # noqa: F401  (the runner finds the homes here)
 
 log = logging.getLogger(__name__)
@@ -27,7 +28,8 @@ class OpenFiles:
     /proc/PID/fd/N only names the file and skips sockets, pipes and anon inodes.
     Refreshed when older than max_age seconds, so the check just before a delete is
     never staler than that. Processes whose fds cannot be read (another user's, when
-    not root) are counted in .unreadable.
+    not root) are kept in .uninspected; then .hold_back(lstat) says whether one of them
+    could have an entry open (uninspected.py), so the engine keeps it (None: all inspected).
     """
 
     def __init__(self, proc_root: str = "/proc", *, max_age: float = 1.0, clock: Callable[[], float] = time.monotonic):
@@ -38,11 +40,12 @@ class OpenFiles:
         self._loose = False  # some key is (_ANY_DEV, ino): see LOOSE_DEVS
         self._sorted: dict[int, bytes] = {}  # inodes_on(dev), per refresh
         self._built_at: float | None = None
-        self.unreadable = 0
+        self.uninspected: tuple[Uninspected, ...] = ()
+        self.hold_back: HoldBack | None = None
 
     def refresh(self) -> None:
         keys: dict[tuple[int, int], int] = {}
-        unreadable = 0
+        uninspected: list[Uninspected] = []
         self_pid = str(os.getpid())
         devs_by_ns: dict[str, dict[int, int]] = {}
         try:
@@ -58,12 +61,17 @@ class OpenFiles:
             except FileNotFoundError:
                 continue  # exited
             except OSError:
-                unreadable += 1
+                proc = read_uninspected(self.proc_root, pid)
+                if proc is not None:
+                    uninspected.append(proc)
+                continue  # its maps are unreadable too
             self._add_maps(pid, keys)
         self._keys = keys
         self._sorted = {}
         self._loose = any(dev == _ANY_DEV for dev, _ino in keys)
-        self.unreadable = unreadable
+        if tuple(uninspected) != self.uninspected:
+            self.uninspected = tuple(uninspected)
+            self.hold_back = HoldBack(uninspected) if uninspected else None
         self._built_at = self.clock()
 
     def _add_fds(self, pid: str, keys: dict[tuple[int, int], int], devs_by_ns: dict[str, dict[int, int]]) -> None:
@@ -105,6 +113,10 @@ class OpenFiles:
     def _fresh(self) -> None:
         if self._built_at is None or self.clock() - self._built_at > self.max_age:
             self.refresh()
+
+    def unverifiable(self, st: os.stat_result) -> bool:
+        """Whether a process this index could not inspect could have the entry (lstat st) open."""
+        return self.hold_back is not None and self.hold_back(st)
 
     def keys(self):
         """The (dev, ino) index itself, for a hot loop's first look (then is_open or holder)."""
