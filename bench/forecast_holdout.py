@@ -33,8 +33,7 @@ sys.path[:0] = [os.path.join(HERE, "..", "daemon"), HERE]
 
 import trace_families as tf  # noqa: E402
 from trainguard.config import Forecast  # noqa: E402
-from trainguard.detectors.forecast import level  # noqa: E402
-from trainguard.detectors.trend import fill_trend  # noqa: E402
+from trainguard.detectors.forecast import follow_trend, level  # noqa: E402
 from trainguard.store.history import History  # noqa: E402
 
 H = 3600.0
@@ -69,7 +68,7 @@ def run_trainguard(trace: tf.Trace, times: list[float]) -> list[tuple[bool, floa
             out.append((False, None))
             continue
         wall = last[0]
-        trend = fill_trend(history.points(NAME, wall - CFG.window), trace.size, wall, CFG.window, CFG.min_span)
+        trend, fit = follow_trend(fit, lambda since: history.points(NAME, since), trace.size, wall, CFG)
         alert = level(trend, CFG, active)
         active = alert[0] if alert else None
         out.append((alert is not None, trend.eta if trend else None))

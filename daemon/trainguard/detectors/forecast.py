@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from trainguard.detectors import filesystem
+from trainguard.detectors.follow import Fit, follow_trend  # noqa: F401  (follow_trend re-exported)
 from trainguard.detectors.trend import Trend, fill_trend, theil_sen  # noqa: F401  (re-exported)
 from trainguard.records import Finding, FsSample, Severity
 from trainguard.units import format_bytes, format_duration, format_ratio
@@ -20,13 +21,15 @@ if TYPE_CHECKING:
     from trainguard.store.history import History
 
 
-def mount_trend(sample: FsSample, history: History, cfg: Forecast, now: float) -> Trend | None:
-    """A sampled mount's fill trend from its history: the one fit the detector, the metrics
-    and `status` all show. None for a mount without usable usage."""
+def mount_trend(sample: FsSample, history: History, cfg: Forecast, now: float,
+                prev: Fit | None = None) -> tuple[Trend | None, Fit | None]:
+    """A sampled mount's fill trend from its history, and the Fit to pass back next cycle: the one fit
+    the detector, the metrics and `status` all show, refitted only when a new sample can change it
+    (detectors.follow). (None, None) for a mount without usable usage."""
     if not sample.responsive or sample.usage is None or sample.usage.size_bytes <= 0:
-        return None
-    points = history.points(f"fs.avail_bytes:{sample.mount.mount_point}", now - cfg.window)
-    return fill_trend(points, sample.usage.size_bytes, now, cfg.window, cfg.min_span)
+        return None, None
+    name = f"fs.avail_bytes:{sample.mount.mount_point}"
+    return follow_trend(prev, lambda since: history.points(name, since), sample.usage.size_bytes, now, cfg)
 
 
 def level(trend: Trend | None, cfg: Forecast, active: Severity | None = None) -> tuple[Severity, float] | None:

@@ -24,10 +24,11 @@ Changes of regime:
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from trainguard.detectors import sawtooth
 
 BUCKETS = 48  # points the window is reduced to; 48 -> ~1100 pairs, cheap in pure Python
 MIN_POINTS = 4
@@ -48,6 +49,9 @@ class Trend:
     cleanup_frees: float | None = None  # and the median bytes each one frees
     cleanup_low: float | None = None  # the lowest free space a cleanup has come at (keeping up)
     evidence: float = 0.0  # seconds over which the rate has held (the ETA's support); defaults to span
+    cycles: tuple = ()  # cleanup cycles learned so far (sawtooth.Cycle), handed to the next fit
+    next_cleanup_in: float | None = None  # a saw-tooth: seconds until its next cleanup is expected
+    eta_without_cleanup: float | None = None  # and seconds to full if it does not come
 
     def __post_init__(self) -> None:
         if not self.evidence:
@@ -198,67 +202,22 @@ def _without_drops(points: Points, drops: Sequence[Drop]) -> list[tuple[float, f
     return out
 
 
-def _sawtooth_eta(avail: float, gross: float, loss: float, first_in: float, period: float) -> float | None:
-    """Seconds until free space reaches 0 filling at `gross` bytes/s, with cleanups `first_in` seconds
-    from now and then every `period` seconds that leave the disk `loss` bytes lower each period;
-    None when the cleanups keep up."""
-    if avail <= gross * first_in:
-        return avail / gross  # full before the next cleanup
-    if loss <= 0:
-        return None
-    freed = gross * period - loss
-    level = avail - gross * first_in + freed  # just after the next cleanup
-    # The lowest point of each period is just before its cleanup: the first period whose low reaches 0.
-    k = max(0, math.ceil((level - gross * period) / loss))
-    return first_in + k * period + (level - k * loss) / gross
-
-
-def _low(points: Points, drop: Drop) -> tuple[float, float]:
+def _low(points: Points, drop: Drop) -> float:
     """The saw-tooth's low before a cleanup: the least free space in the few samples before it (with
     averaged history a save just before the cleanup is spread over them)."""
-    return min(points[max(drop.start - 3, 0):drop.start + 1], key=lambda p: p[1])
+    return min(v for _, v in points[max(drop.start - 3, 0):drop.start + 1])
 
 
-def _lows_loss(points: Points, drops: Sequence[Drop], period: float, size: float, largest_write: float) -> float:
-    """Bytes the saw-tooth loses per period, from the envelope of its lows (free space just before each
-    cleanup); 0 when the lows are not going down beyond what their own scatter and the steps explain."""
-    lows = [_low(points, d) for d in drops]
-    slope = theil_sen(lows, 0.0) or 0.0
-    decline = -slope * (lows[-1][0] - lows[0][0])
-    scatter = max((abs(v - lows[0][1] - slope * (t - lows[0][0])) for t, v in lows), default=0.0)
-    tolerance = max(size * DROP_FRACTION, 2 * scatter, largest_write)
-    return -slope * period if decline > tolerance else 0.0
-
-
-def _cleanup_regime(pts: Points, drops: Sequence[Drop], gross: float, evidence: float, size: float,
+def _cleanup_regime(pts: Points, cycles: Sequence[sawtooth.Cycle], gross: float, evidence: float, size: float,
                     now: float) -> Trend:
-    latest = pts[-1][1]
-    span = pts[-1][0] - pts[0][0]
-    whole = [d for d in drops if d.start >= 3]  # not one the window begins in, or too near for its low
-    drops = whole if len(whole) >= 2 else drops
-    period = statistics.median(b.ts - a.ts for a, b in zip(drops, drops[1:]))
-    freed = statistics.median(d.freed for d in drops)
-    lows = [_low(pts, d)[1] for d in drops]
     # Checkpoint writes decide how far past its mark a GC triggers: lows anywhere within one checkpoint
     # below the mark are neither a decline nor a missed cleanup.
     largest_write = max((s.nbytes for s in steps(pts, size)[0]), default=0.0)
-    margin = max(size * DROP_FRACTION, max(lows) - min(lows), largest_write)
-    overdue = now >= drops[-1].ts + 1.5 * period and latest < statistics.median(lows)
-    if overdue or latest < min(lows) - margin:
-        # The cleanup did not come when or where it used to: it may have stopped, so count on none.
-        return Trend(slope=gross, span=span, points=len(pts), eta=latest / gross, evidence=evidence)
-    loss = _lows_loss(pts, drops, period, size, largest_write)
-    if loss <= 0:
-        # The lows hold: each cleanup has come before the disk went lower (a high-water-mark GC, a
-        # keep-last trainer). The next is awaited at that level, whenever the writer gets there.
-        eta = None
-    else:
-        # Going down across cycles: run the saw-tooth forward, cleanups expected one period apart
-        # (a late one is still awaited while the disk is above its lows).
-        first_in = max(drops[-1].ts + period - now, 0.0)
-        eta = _sawtooth_eta(latest, gross, loss, first_in, period)
-    return Trend(slope=gross, span=span, points=len(pts), eta=eta, cleanup_every=period, cleanup_frees=freed,
-                 cleanup_low=min(lows) if eta is None else None, evidence=evidence)
+    nxt = sawtooth.next_low(cycles, pts[-1][1], gross, size, largest_write, now)
+    return Trend(slope=gross, span=pts[-1][0] - pts[0][0], points=len(pts), eta=nxt.eta,
+                 cleanup_every=nxt.every, cleanup_frees=nxt.frees,
+                 cleanup_low=nxt.low if nxt.eta is None else None, evidence=evidence, cycles=tuple(cycles),
+                 next_cleanup_in=nxt.next_in, eta_without_cleanup=nxt.eta_without)
 
 
 def _stepped_eta(pts: Points, size: float, rate: float, now: float) -> float | None:
@@ -286,29 +245,33 @@ def _stepped_eta(pts: Points, size: float, rate: float, now: float) -> float | N
     return None
 
 
-def fill_trend(avail: Points, size: float, now: float, window: float, min_span: float) -> Trend | None:
-    """Trend of available bytes over the window; None until min_span of data exists."""
+def fill_trend(avail: Points, size: float, now: float, window: float, min_span: float,
+               known: Sequence[sawtooth.Cycle] = ()) -> Trend | None:
+    """Trend of available bytes over the window; None until min_span of data exists. `known`: the
+    cleanup cycles learned by earlier fits (Trend.cycles), for saw-tooths slower than the window shows."""
     pts = [p for p in avail if now - window <= p[0] <= now]
     if len(pts) < MIN_POINTS or pts[-1][0] - pts[0][0] < min_span:
         return None
     latest = pts[-1][1]
     drops = jumps(pts, size, rising=True)
-    if len(drops) == 1 and pts[-1][0] - drops[0].ts >= min_span:
+    cycles = sawtooth.merge(known, [sawtooth.Cycle(d.ts, _low(pts, d), d.freed) for d in drops if d.start >= 3],
+                            pts[0][0], now)
+    if len(drops) == 1 and len(cycles) < 2 and pts[-1][0] - drops[0].ts >= min_span:
         pts = pts[drops[0].index:]  # a change point with enough data after it
         drops = []
     if not drops:
-        steps = jumps(pts, size, rising=False)
-        if len(steps) == 1 and pts[-1][0] - steps[0].ts >= min_span and steps[0].index > 0:
+        writes = jumps(pts, size, rising=False)
+        if len(writes) == 1 and pts[-1][0] - writes[0].ts >= min_span and writes[0].index > 0:
             # One large write (a dataset download, a single checkpoint) and quiet since: in the middle
             # of the window it would tilt the whole fit; what happened after it is the trend.
-            pts = pts[steps[0].index:]
+            pts = pts[writes[0].index:]
     span = pts[-1][0] - pts[0][0]
     fitted = regime(_without_drops(pts, drops) if drops else pts, size, min_span)
     if fitted is None:
         return None
     rate, evidence = fitted
-    if not drops or len(drops) == 1 or rate <= 0:
+    if len(cycles) < 2 or rate <= 0:
         # No deletion, or one recent one: the writer's pace, without assuming someone deletes again.
         eta = None if rate <= 0 else (not drops and _stepped_eta(pts, size, rate, now)) or latest / rate
-        return Trend(slope=rate, span=span, points=len(pts), eta=eta, evidence=evidence)
-    return _cleanup_regime(pts, drops, rate, evidence, size, now)
+        return Trend(slope=rate, span=span, points=len(pts), eta=eta, evidence=evidence, cycles=cycles)
+    return _cleanup_regime(pts, cycles, rate, evidence, size, now)
