@@ -24,6 +24,7 @@ from trainguard.detectors import sawtooth
 from trainguard.detectors.trend import DROP_FRACTION, Points, Step, Trend, fill_trend, steps
 
 REFIT_EVERY = 600.0  # seconds a carried trend lives at most
+SETTLE = 60.0  # after news (a write, a deletion in progress), fit once more this much later
 ETA_SHARE = 0.01  # a sample off the line by this share of the free space moves the ETA ~1 %: refit
 NOISE_FACTOR = 4.0  # samples within this many times the measured noise of the line are not news
 
@@ -55,7 +56,7 @@ def _noise(pts: Points) -> float:
     return 1.4826 * statistics.median(abs(d - mid) for d in diffs)
 
 
-def _full(prev: Fit | None, pts: Points, size: float, now: float, cfg) -> Fit:
+def _full(prev: Fit | None, pts: Points, size: float, now: float, cfg, news: bool) -> Fit:
     known = prev.cycles if prev is not None else ()
     trend = fill_trend(pts, size, now, cfg.window, cfg.min_span, known)
     found, background = steps(pts, size)
@@ -63,7 +64,8 @@ def _full(prev: Fit | None, pts: Points, size: float, now: float, cfg) -> Fit:
     slope = trend.slope if trend is not None else 0.0
     tail = pts[-9:]
     anchor = statistics.median(v + slope * (t - last_ts) for t, v in tail) if tail else 0.0
-    refit = [now + REFIT_EVERY]
+    # After news, once more when it has settled: a fit made in the middle of a write sees part of it.
+    refit = [now + (SETTLE if news else REFIT_EVERY)]
     floor = float("-inf")
     cycles = trend.cycles if trend is not None else known
     if trend is not None:
@@ -106,9 +108,11 @@ def _carried(prev: Fit, now: float) -> Trend:
 def follow_trend(prev: Fit | None, read: Reader, size: float, now: float, cfg) -> tuple[Trend | None, Fit]:
     """(the trend now, the Fit to pass next time). `read(since)` gives the history from `since` on;
     only the samples newer than the last full fit are read while the trend holds."""
+    news = False
     if prev is not None and prev.trend is not None:
         new = read(prev.last_ts)
         if new and new[-1][0] >= prev.last_ts and _holds(prev, new, size, now):
             return _carried(prev, now), prev
-    fit = _full(prev, read(now - cfg.window), size, now, cfg)
+        news = now < prev.refit_at  # a sample that left the line, not the end of the fit's time
+    fit = _full(prev, read(now - cfg.window), size, now, cfg, news)
     return fit.trend, fit
