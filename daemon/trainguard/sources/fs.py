@@ -256,18 +256,31 @@ class FsSampler:
         self._probes: dict[str, _Probe] = {}
         self._finished = threading.Condition()
         self._told: set[str] = set()  # mounts we may not read, already said in the log
+        self._selected: tuple | None = None  # (mount table, watched, path -> mount point) of the last change
 
     def _reach(self, path: str) -> str:
         return mountinfo.host_path(self.host_root, path)
 
     def discover(self) -> list[Mount]:
-        all_mounts = self.read_mounts(self.proc_root)
-        return mountinfo.select(all_mounts, exclude=self.exclude, include_fstypes=self.include_fstypes,
-                                paths=self.paths)
+        return self._selection()[0]
+
+    def _selection(self) -> tuple[list[Mount], dict[str, str | None]]:
+        """(the watched mounts, the mount point each configured path lives on), chosen again only when
+        the mount table changed: matching every path against every mount each cycle was a fifth of it."""
+        all_mounts = tuple(self.read_mounts(self.proc_root))
+        if self._selected is None or self._selected[0] != all_mounts:
+            watched = mountinfo.select(all_mounts, exclude=self.exclude, include_fstypes=self.include_fstypes,
+                                       paths=self.paths)
+            owners = {}
+            for path in self.paths:
+                owner = mountinfo.containing_mount(path, watched)
+                owners[path] = owner.mount_point if owner is not None else None
+            self._selected = (all_mounts, watched, owners)
+        return list(self._selected[1]), self._selected[2]
 
     def sample(self) -> tuple[list[FsSample], list[str]]:
         """(one FsSample per watched mount, configured paths that do not exist)."""
-        watched = self.discover()
+        watched, owners = self._selection()
         mono, wall = self.clock.monotonic(), self.clock.time()
         current: dict[str, _Probe] = {}
         for mount in watched:
@@ -282,9 +295,9 @@ class FsSampler:
         self._probes = current
         paths_of: dict[str, list[str]] = {mp: [] for mp in current}
         for path in self.paths:  # each path is checked by the probe of the mount it lives on
-            owner = mountinfo.containing_mount(path, watched)
-            if owner is not None and owner.mount_point in paths_of:
-                paths_of[owner.mount_point].append(path)
+            owner = owners[path]
+            if owner is not None and owner in paths_of:
+                paths_of[owner].append(path)
         # Wait only for the probes started now: one still stuck from an earlier cycle would make every
         # cycle last `wait` longer while its mount hangs.
         fresh = [probe for mp, probe in current.items() if probe.kick(mono, wall, paths_of[mp], self._finished)]
