@@ -164,7 +164,9 @@ def score_family(family: str, seeds, every: float, verbose: bool) -> dict:
                     if 5.5 * H <= left <= 6.5 * H and t % every == 0:
                         row["err"].append(math.inf if eta is None else abs(eta - left) / left * 100)
         if verbose:
-            print(f"  {family} seed {seed}: {trace.params}", file=sys.stderr)
+            got = rows["trainguard"]
+            what = hm(got["lead"][-1]) if trace.full_at is not None else f"{got['episodes']} episodes so far"
+            print(f"  {family} seed {seed}: {what}; {trace.params}", file=sys.stderr)
     return rows
 
 
@@ -184,7 +186,7 @@ def main() -> int:
     ap.add_argument("--seeds", default="1:20", help="first:last seed (development range)")
     ap.add_argument("--hold-out", action="store_true", help=f"seeds from {HOLD_OUT}, never used in development")
     ap.add_argument("--per-family", type=int, default=20, help="traces per family with --hold-out")
-    ap.add_argument("--every", type=float, default=60.0, help="seconds between evaluations")
+    ap.add_argument("--every", type=float, default=10.0, help="seconds between evaluations (the daemon: 10)")
     ap.add_argument("--family", action="append", help="only these families (repeatable)")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args()

@@ -38,7 +38,9 @@ def level(trend: Trend | None, cfg: Forecast, active: Severity | None = None) ->
     if trend is None or trend.eta is None or trend.points < cfg.min_samples:
         return None
     slack = 1.2 if active is not None else 1.0
-    early = 1.0 + cfg.lead_margin  # the ETA's own error: alert a little early rather than a little late
+    # The ETA's own error: alert a little early rather than a little late; where the fit knows its
+    # error (the scatter of checkpoint sizes and intervals), by twice that.
+    early = 1.0 + max(cfg.lead_margin, 2 * trend.eta_error)
     if trend.eta > cfg.evidence_ratio * trend.evidence * slack * early:
         return None  # a forecast further ahead than the rate has held: not enough evidence yet
     if trend.eta < cfg.critical * early * (slack if active is Severity.CRITICAL else 1.0):

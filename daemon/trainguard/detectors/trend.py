@@ -24,6 +24,7 @@ Changes of regime:
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ class Trend:
     cycles: tuple = ()  # cleanup cycles learned so far (sawtooth.Cycle), handed to the next fit
     next_cleanup_in: float | None = None  # a saw-tooth: seconds until its next cleanup is expected
     eta_without_cleanup: float | None = None  # and seconds to full if it does not come
+    eta_error: float = 0.0  # relative standard error of the ETA where it is known (checkpoint steps)
 
     def __post_init__(self) -> None:
         if not self.evidence:
@@ -208,6 +210,14 @@ def _low(points: Points, drop: Drop) -> float:
     return min(v for _, v in points[max(drop.start - 3, 0):drop.start + 1])
 
 
+def _burst(pts: Points, write: Drop) -> bool:
+    """A run of falls that was much faster than what came after it (a download, one checkpoint), not a
+    steady fill whose averaged points happen to fall sample after sample."""
+    took = max(pts[write.index][0] - pts[write.start][0], 1.0)
+    after = consumption(pts[write.index:])
+    return after is None or after < CONSISTENT * (-write.freed / took)
+
+
 def _cleanup_regime(pts: Points, cycles: Sequence[sawtooth.Cycle], gross: float, evidence: float, size: float,
                     now: float) -> Trend:
     # Checkpoint writes decide how far past its mark a GC triggers: lows anywhere within one checkpoint
@@ -220,27 +230,41 @@ def _cleanup_regime(pts: Points, cycles: Sequence[sawtooth.Cycle], gross: float,
                  next_cleanup_in=nxt.next_in, eta_without_cleanup=nxt.eta_without)
 
 
-def _stepped_eta(pts: Points, size: float, rate: float, now: float) -> float | None:
+def _stepped_eta(pts: Points, size: float, rate: float, now: float) -> tuple[float, float] | None:
     """With a checkpoint rhythm (size and period learned from the steps) that explains the rate, the disk
     is full during the write that does not fit: that write's time, not where a line through the
-    staircase reaches zero (up to one period later). None without such a rhythm."""
+    staircase reaches zero (up to one period later); and that ETA's relative standard error, from how
+    much the sizes and the intervals of the steps scatter. None without such a rhythm."""
     found, background = steps(pts, size)
+    found = [s for s in found if s.start > pts[min(3, len(pts) - 1)][0]]  # not one the window cuts into
     if len(found) < 3:
         return None
-    every = statistics.median(b.start - a.start for a, b in zip(found, found[1:]))
-    nbytes = statistics.median(s.nbytes for s in found[-5:])
+    # Means over the window, not medians: saves jitter in size and time around a steady pace, and the
+    # mean of a few is the closer estimate of it (the median of five was 5 % off where the mean was 3 %).
+    every = (found[-1].start - found[0].start) / (len(found) - 1)
+    # A write still going on at the end is seen in part: it is not a size, and the rest of it is to come.
+    ongoing = len(pts) > 1 and found[-1].end >= pts[-1][0] - 3 * (pts[-1][0] - pts[-2][0])
+    done = found[:-1] if ongoing and len(found) > 3 else found
+    nbytes = statistics.fmean(s.nbytes for s in done)
     if every <= 0 or abs(nbytes / every + background - rate) > 0.3 * rate:
         return None
-    write = statistics.median(s.end - s.start for s in found)
-    avail, at = pts[-1][1], found[-1].start + every
+    # The write that will not fit: one of the largest size seen may come next, and the free space before
+    # it is known only to a few per cent (the background, the jitter of the sizes): the earlier write.
+    largest = 1.1 * max(s.nbytes for s in done)
+    write = statistics.median(s.end - s.start for s in done)
+    avail = pts[-1][1] - (max(nbytes - found[-1].nbytes, 0.0) if ongoing else 0.0)
+    at = found[-1].start + every
     while at < now:
         at += every
+    gaps = [b.start - a.start for a, b in zip(found, found[1:])]
+    spread = math.hypot(statistics.stdev(s.nbytes for s in done) / nbytes, statistics.stdev(gaps) / every)
+    error = spread / math.sqrt(len(gaps))
     for k in range(int(avail / nbytes) + 2):
         free = avail - background * (at - now) - k * nbytes  # just before write k
         if free <= 0:
-            return max(at - now + free / background, 0.0) if background > 0 else at - now
-        if free < nbytes:
-            return at - now + write * free / nbytes
+            return (max(at - now + free / background, 0.0) if background > 0 else at - now), error
+        if free < largest:
+            return at - now + write * min(free / nbytes, 1.0), error
         at += every
     return None
 
@@ -261,7 +285,8 @@ def fill_trend(avail: Points, size: float, now: float, window: float, min_span: 
         drops = []
     if not drops:
         writes = jumps(pts, size, rising=False)
-        if len(writes) == 1 and pts[-1][0] - writes[0].ts >= min_span and writes[0].index > 0:
+        if len(writes) == 1 and pts[-1][0] - writes[0].ts >= min_span and writes[0].index > 0 \
+                and _burst(pts, writes[0]):
             # One large write (a dataset download, a single checkpoint) and quiet since: in the middle
             # of the window it would tilt the whole fit; what happened after it is the trend.
             pts = pts[writes[0].index:]
@@ -272,6 +297,8 @@ def fill_trend(avail: Points, size: float, now: float, window: float, min_span: 
     rate, evidence = fitted
     if len(cycles) < 2 or rate <= 0:
         # No deletion, or one recent one: the writer's pace, without assuming someone deletes again.
-        eta = None if rate <= 0 else (not drops and _stepped_eta(pts, size, rate, now)) or latest / rate
-        return Trend(slope=rate, span=span, points=len(pts), eta=eta, evidence=evidence, cycles=cycles)
+        stepped = _stepped_eta(pts, size, rate, now) if rate > 0 and not drops else None
+        eta, error = stepped or ((None, 0.0) if rate <= 0 else (latest / rate, 0.0))
+        return Trend(slope=rate, span=span, points=len(pts), eta=eta, evidence=evidence, cycles=cycles,
+                     eta_error=error)
     return _cleanup_regime(pts, cycles, rate, evidence, size, now)
