@@ -50,6 +50,27 @@ def level(trend: Trend | None, cfg: Forecast, active: Severity | None = None) ->
     return None
 
 
+def _cleanup_words(trend: Trend) -> str:
+    """The saw-tooth part of the summary: when the next cleanup is due, and what if it does not come."""
+    if not trend.cleanup_every:
+        return ""
+    every, frees = format_duration(trend.cleanup_every), format_bytes(trend.cleanup_frees)
+    if trend.cleanup_missed:
+        return f"; the cleanup that freed {frees} every {every} did not come: counting on none"
+    return (f", counting the cleanup that frees {frees} every {every} (next expected in "
+            f"~{format_duration(trend.next_cleanup_in or 0)}; without it full in "
+            f"~{format_duration(trend.eta_without_cleanup or 0)})")
+
+
+def _cleanup_details(trend: Trend) -> dict:
+    if not trend.cleanup_every:
+        return {}
+    return {"cleanup_every_seconds": round(trend.cleanup_every), "cleanup_frees_bytes": round(trend.cleanup_frees),
+            "cleanup_missed": trend.cleanup_missed,
+            "next_cleanup_in_seconds": round(trend.next_cleanup_in or 0),
+            "eta_without_cleanup_seconds": round(trend.eta_without_cleanup or 0)}
+
+
 HINT = "free space now (trainguard cleanup --dry-run shows candidates) or move output to a larger volume"
 
 
@@ -73,12 +94,11 @@ def detect(inp) -> list[Finding]:
         findings.append(Finding(
             key=key, severity=severity,
             summary=(f"{mp} {format_ratio(usage.used_ratio)} full, ~{format_duration(trend.eta)} left "
-                     f"at {format_bytes(rate_per_hour)}/h"
-                     + (f", counting the cleanup that frees {format_bytes(trend.cleanup_frees)} every "
-                        f"{format_duration(trend.cleanup_every)}" if trend.cleanup_every else "")),
+                     f"at {format_bytes(rate_per_hour)}/h" + _cleanup_words(trend)),
             details={"mountpoint": mp, "eta_seconds": round(trend.eta), "fill_bytes_per_second": round(trend.slope, 1),
                      "avail_bytes": usage.avail_bytes, "used_ratio": round(usage.used_ratio, 4),
-                     "fitted_span_seconds": round(trend.span), "evidence_seconds": round(trend.evidence)},
+                     "fitted_span_seconds": round(trend.span), "evidence_seconds": round(trend.evidence),
+                     **_cleanup_details(trend)},
             labels=filesystem.labels_for(sample),
             value=trend.eta, threshold=threshold, hint=HINT,
         ))

@@ -53,6 +53,7 @@ class Trend:
     cycles: tuple = ()  # cleanup cycles learned so far (sawtooth.Cycle), handed to the next fit
     next_cleanup_in: float | None = None  # a saw-tooth: seconds until its next cleanup is expected
     eta_without_cleanup: float | None = None  # and seconds to full if it does not come
+    cleanup_missed: bool = False  # a saw-tooth whose cleanup passed both its level and its time
     eta_error: float = 0.0  # relative standard error of the ETA where it is known (checkpoint steps)
 
     def __post_init__(self) -> None:
@@ -227,7 +228,7 @@ def _cleanup_regime(pts: Points, cycles: Sequence[sawtooth.Cycle], gross: float,
     return Trend(slope=gross, span=pts[-1][0] - pts[0][0], points=len(pts), eta=nxt.eta,
                  cleanup_every=nxt.every, cleanup_frees=nxt.frees,
                  cleanup_low=nxt.low if nxt.eta is None else None, evidence=evidence, cycles=tuple(cycles),
-                 next_cleanup_in=nxt.next_in, eta_without_cleanup=nxt.eta_without)
+                 next_cleanup_in=nxt.next_in, eta_without_cleanup=nxt.eta_without, cleanup_missed=nxt.stopped)
 
 
 def _stepped_eta(pts: Points, size: float, rate: float, now: float) -> tuple[float, float] | None:
