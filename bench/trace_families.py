@@ -11,7 +11,7 @@ timestamps it writes jump forward or back while true time goes on).
 Filling families reach zero at `full_at` (14-40 h after the start, so a fill that starts with the
 daemon has held longer than the warning lead before it is due); the others never fill, and are drawn
 so that no forecaster could know better than to warn: a cleanup comes at least once per 6 h window,
-and a download that stops leaves more room than it wrote in the time it has held (up to 6 h).
+and a download that stops leaves more room than was written in the 6 h before it stopped.
 
 The same seed gives the same trace on every machine (random.Random, no global state).
 """
@@ -189,18 +189,20 @@ def sawtooth_gc(rng: random.Random) -> dict:
 
 def downloads(rng: random.Random) -> dict:
     """One to three downloads (models, datasets) at 5-120 MB/s, then a flat disk with a little logging.
-    Each leaves more room than it wrote in the time it ran (up to 6 h): it did not look like a fill."""
+    Each leaves more room than was written in the 6 h before its end: it did not look like a fill."""
     size = _size(rng, 200 * GB, 4000 * GB)
     free = size * rng.uniform(0.2, 0.9)
     logs = free * rng.uniform(0.0, 0.002) / H
     events, t, left = [], rng.uniform(1, 10) * H, free - logs * NEVER_HOURS * H
     for _ in range(rng.randint(1, 3)):
         speed = rng.uniform(5e6, 120e6)
-        # remaining after >= 1.3 * speed * min(duration, 6 h): nbytes <= what keeps that true
-        nbytes = min(left * rng.uniform(0.05, 0.6), left - 1.3 * speed * 6 * H) if left > 1.3 * speed * 6 * H \
-            else left / (1 + 1.3) * rng.uniform(0.3, 0.9)
-        if nbytes <= 0:
+        # Downloads one after another read as one fill: what remains after this one must be at least 1.3x
+        # what was written in the last 6 h, this one included (then the ETA always exceeds the evidence).
+        recent = sum(d * sp for s, d, sp in events if s + d > t - 6 * H)
+        cap = (left - 1.3 * recent) / 2.3
+        if cap <= 0:
             break
+        nbytes = min(left * rng.uniform(0.05, 0.6), cap * rng.uniform(0.3, 1.0))
         events.append((t, nbytes / speed, speed))
         left -= nbytes
         t += nbytes / speed + rng.uniform(0.5, 12) * H

@@ -151,6 +151,32 @@ def regime(points: Points, size: float, min_span: float) -> tuple[float, float] 
 
     While the older half of the span disagrees with the newer half (rates more than 2x apart, beyond
     noise), the older half is another regime: a download that started, or one that stopped."""
+    fitted = _consistent(points, size, min_span)
+    if fitted is None:
+        return None
+    rate, span = fitted
+    # A rate that stopped holding (a download that ended): its last min_span says so before the halves
+    # do. Then the trend is that tail, whose evidence is short, unless the difference is within noise.
+    end = points[-1][0]
+    tail = [p for p in points if p[0] >= end - min_span]
+    if span > min_span and rate > 0:
+        now_rate = consumption(tail)
+        if now_rate is not None and now_rate < CONSISTENT * rate \
+                and (rate - now_rate) * min_span > 4 * _jitter(tail) + NOISE_RATE * size * min_span:
+            return now_rate, tail[-1][0] - tail[0][0]
+    return rate, span
+
+
+def _jitter(points: Points) -> float:
+    """Spread of the sample-to-sample changes around their median (the measurement noise)."""
+    diffs = [b[1] - a[1] for a, b in zip(points, points[1:])]
+    if len(diffs) < 3:
+        return 0.0
+    mid = statistics.median(diffs)
+    return 1.4826 * statistics.median(abs(d - mid) for d in diffs)
+
+
+def _consistent(points: Points, size: float, min_span: float) -> tuple[float, float] | None:
     end = points[-1][0]
     span = end - points[0][0]
     part = list(points)
