@@ -141,9 +141,10 @@ def sawtooth_fill(rng: random.Random) -> dict:
     cleanups, t = set(), rng.uniform(0.2, 1) * period
     while t < ttf * 1.3:
         cleanups.add(int(t / STEP))
-        t += period * rng.uniform(0.9, 1.1)
+        t += period * rng.uniform(0.98, 1.02)  # a timer: on time to a minute or two
+    # What it deletes (files older than its age limit) follows what was written: a few per cent apart.
     avail = _run(int(ttf * 1.2 / STEP), free,
-                 lambda k, f: gross * STEP - (frees * rng.uniform(0.95, 1.05) if k in cleanups else 0.0))
+                 lambda k, f: gross * STEP - (frees * rng.uniform(0.97, 1.03) if k in cleanups else 0.0))
     return dict(size=size, avail=avail, params=dict(period_h=period / H, frees_gb=frees / GB, net_gb_h=net * H / GB))
 
 

@@ -46,12 +46,17 @@ class NextLow:
     frees: float  # median bytes freed
     low: float  # the lowest low seen (keeping up), bytes free
     stopped: bool = False  # missed by level and time: counted on no more
+    error: float = 0.0  # relative standard error of eta (the lows' slope)
 
 
-def merge(known: Sequence[Cycle], seen: Sequence[Cycle], window_start: float, now: float) -> tuple[Cycle, ...]:
-    """The cycles to judge by: those the window shows, and those learned before it began (not later than
-    now: after a clock step back they are forgotten), at most MEMORY old."""
-    older = [c for c in known if c.ts < window_start and now - MEMORY <= c.ts <= now]
+def merge(known: Sequence[Cycle], seen: Sequence[Cycle], now: float) -> tuple[Cycle, ...]:
+    """The cycles to judge by: those the window shows, and those learned before the first of them (one
+    the window has just cut into is no longer seen whole, but was), at most MEMORY old and not later
+    than now (after a clock step back they are forgotten)."""
+    # A cleanup's time moves by up to a history bucket when its samples are averaged: 5 min apart is
+    # another cleanup.
+    cutoff = seen[0].ts - 300.0 if seen else now
+    older = [c for c in known if c.ts < cutoff and now - MEMORY <= c.ts <= now]
     return tuple((older + list(seen))[-MAX_CYCLES:])
 
 
@@ -114,5 +119,29 @@ def next_low(cycles: Sequence[Cycle], latest: float, gross: float, size: float, 
         # latest time): it may have stopped, so count on none.
         return NextLow(eta_without, next_in, eta_without, every, frees, floor + scatter, stopped=True)
     loss = _loss(cycles, every, slope, scatter)
+    if loss > 0:
+        # Run forward at the pace the cycles balance to (what each frees, and what the lows lose, over
+        # the mean period): over many cycles it is closer than the fit of the window between cleanups.
+        mean_every = (cycles[-1].ts - cycles[0].ts) / (len(cycles) - 1)
+        gross = statistics.fmean(c.freed for c in cycles[1:]) / mean_every - slope
     eta = run_forward(latest, gross, loss, next_in, every) if loss > 0 else None
-    return NextLow(eta, next_in, eta_without, every, frees, min(c.low for c in cycles))
+    return NextLow(eta, next_in, eta_without, every, frees, min(c.low for c in cycles),
+                   error=_eta_error(cycles, slope, loss, eta / every) if eta is not None else 0.0)
+
+
+def _eta_error(cycles: Sequence[Cycle], slope: float, loss: float, periods: float) -> float:
+    """Relative standard error of an ETA run forward on the lows: that of their slope (their scatter
+    around the line, over how far apart in time they are), and that of the cycles still to come (each
+    low scatters as much again, and the one that reaches zero is `periods` cycles away)."""
+    n = len(cycles)
+    if n < 3 or slope >= 0 or loss <= 0:
+        return 0.0
+    t0 = cycles[0].ts
+    residuals = [c.low - cycles[0].low - slope * (c.ts - t0) for c in cycles]
+    mid = statistics.fmean(residuals)
+    sd = math.sqrt(sum((r - mid) ** 2 for r in residuals) / (n - 2))
+    times = [c.ts for c in cycles]
+    spread = math.sqrt(sum((t - statistics.fmean(times)) ** 2 for t in times))
+    of_slope = sd / spread / -slope if spread > 0 else 0.0
+    to_come = sd / (loss * math.sqrt(max(periods, 1.0)))
+    return min(math.hypot(of_slope, to_come), 0.5)

@@ -159,7 +159,8 @@ def regime(points: Points, size: float, min_span: float) -> tuple[float, float] 
     # do. Then the trend is that tail, whose evidence is short, unless the difference is within noise.
     end = points[-1][0]
     tail = [p for p in points if p[0] >= end - min_span]
-    if span > min_span and rate > 0:
+    # Not on a staircase (two or more writes of a deletion's size): between its steps it is as flat.
+    if span > min_span and rate > 0 and len(jumps(points, size, rising=False)) < 2:
         now_rate = consumption(tail)
         if now_rate is not None and now_rate < CONSISTENT * rate \
                 and (rate - now_rate) * min_span > 4 * _jitter(tail) + NOISE_RATE * size * min_span:
@@ -254,7 +255,8 @@ def _cleanup_regime(pts: Points, cycles: Sequence[sawtooth.Cycle], gross: float,
     return Trend(slope=gross, span=pts[-1][0] - pts[0][0], points=len(pts), eta=nxt.eta,
                  cleanup_every=nxt.every, cleanup_frees=nxt.frees,
                  cleanup_low=nxt.low if nxt.eta is None else None, evidence=evidence, cycles=tuple(cycles),
-                 next_cleanup_in=nxt.next_in, eta_without_cleanup=nxt.eta_without, cleanup_missed=nxt.stopped)
+                 next_cleanup_in=nxt.next_in, eta_without_cleanup=nxt.eta_without, cleanup_missed=nxt.stopped,
+                 eta_error=nxt.error)
 
 
 def _stepped_eta(pts: Points, size: float, rate: float, now: float) -> tuple[float, float] | None:
@@ -306,7 +308,7 @@ def fill_trend(avail: Points, size: float, now: float, window: float, min_span: 
     latest = pts[-1][1]
     drops = jumps(pts, size, rising=True)
     cycles = sawtooth.merge(known, [sawtooth.Cycle(d.ts, _low(pts, d), d.freed) for d in drops if d.start >= 3],
-                            pts[0][0], now)
+                            now)
     if len(drops) == 1 and len(cycles) < 2 and pts[-1][0] - drops[0].ts >= min_span:
         pts = pts[drops[0].index:]  # a change point with enough data after it
         drops = []
