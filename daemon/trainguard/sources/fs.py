@@ -209,7 +209,8 @@ class _Probe:
     def busy(self) -> bool:
         return self._asked and not self.done.is_set()
 
-    def kick(self, mono: float, wall: float, paths: Sequence[str], finished: threading.Condition) -> bool:
+    def kick(self, mono: float, wall: float, paths: Sequence[str], finished: threading.Condition,
+             waiting: list[int]) -> bool:
         """Ask for a probe unless one is still running; True when one was asked for. Starting a thread
         per probe was a fifth of a cycle's CPU with 30 mounts; the thread now waits for the next one."""
         if self.busy:
@@ -218,7 +219,7 @@ class _Probe:
         self.started_mono, self.started_wall = mono, wall
         self._asked = True
         with self._lock:
-            self._job = (tuple(paths), finished, self.done)
+            self._job = (tuple(paths), finished, self.done, waiting)
             self._go.set()
             if self.thread is None:
                 self.thread = threading.Thread(target=self._serve, name=f"probe:{self.mount.mount_point}",
@@ -234,7 +235,7 @@ class _Probe:
                     self.thread = None  # idle: a mount that is no longer watched; a new request starts one
                     return
                 self._go.clear()
-                paths, finished, done = self._job
+                paths, finished, done, waiting = self._job
             result = _ProbeResult(None, "probe ended without an answer", ())
             try:
                 result = self.probe_fn(self.mount, paths)
@@ -244,7 +245,9 @@ class _Probe:
                 self.last = result
                 with finished:
                     done.set()
-                    finished.notify_all()
+                    waiting[0] -= 1
+                    if waiting[0] <= 0:  # the cycle wakes once, when the last of its probes is in
+                        finished.notify_all()
 
 
 class FsSampler:
@@ -322,10 +325,13 @@ class FsSampler:
                 paths_of[owner].append(path)
         # Wait only for the probes started now: one still stuck from an earlier cycle would make every
         # cycle last `wait` longer while its mount hangs.
-        fresh = [probe for mp, probe in current.items() if probe.kick(mono, wall, paths_of[mp], self._finished)]
+        waiting = [len(current)]  # probes of this cycle not answered yet (the worker threads count down)
+        fresh = [probe for mp, probe in current.items()
+                 if probe.kick(mono, wall, paths_of[mp], self._finished, waiting)]
         deadline = mono + self.wait
         with self._finished:
-            while any(p.busy for p in fresh):
+            waiting[0] -= len(current) - len(fresh)  # those still stuck from before were not asked
+            while waiting[0] > 0:
                 left = deadline - self.clock.monotonic()
                 if left <= 0:
                     break
