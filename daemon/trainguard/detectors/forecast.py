@@ -41,7 +41,7 @@ def level(trend: Trend | None, cfg: Forecast, active: Severity | None = None) ->
     # The ETA's own error: alert a little early rather than a little late; where the fit knows its
     # error (the scatter of checkpoint sizes and intervals), by twice that.
     early = 1.0 + max(cfg.lead_margin, 2 * trend.eta_error)
-    if trend.eta > cfg.evidence_ratio * trend.evidence * slack * early:
+    if trend.eta > cfg.evidence_ratio * trend.evidence * slack * (1.0 + cfg.lead_margin):
         return None  # a forecast further ahead than the rate has held: not enough evidence yet
     if trend.eta < cfg.critical * early * (slack if active is Severity.CRITICAL else 1.0):
         return Severity.CRITICAL, cfg.critical

@@ -35,6 +35,7 @@ BUCKETS = 48  # points the window is reduced to; 48 -> ~1100 pairs, cheap in pur
 MIN_POINTS = 4
 DROP_FRACTION = 0.005  # a rise in free space of >= 0.5 % of the filesystem is a deletion, not noise
 CONSISTENT = 0.5  # halves of a regime whose rates differ by more than 2x are two regimes
+MAX_STEP_ERROR = 0.25  # a checkpoint rhythm whose ETA is less certain than this is not one
 NOISE_RATE = 1e-6  # fraction of the filesystem per second below which a rate is noise (~3.6 ‰/h)
 
 Points = Sequence[tuple[float, float]]
@@ -182,13 +183,16 @@ def _consistent(points: Points, size: float, min_span: float) -> tuple[float, fl
     span = end - points[0][0]
     part = list(points)
     noise = NOISE_RATE * size
+    halved = False
     while True:
         rate = consumption(part)
         if rate is None:
             return None
         half = span / 2
         if half < min_span:
-            return rate, span
+            # Too short to halve again after a change: where in this part the new regime began is not
+            # known, so it has held for half of it at most as far as evidence goes.
+            return rate, (half if halved else span)
         older = consumption([p for p in part if p[0] <= end - half])
         newer = consumption([p for p in part if p[0] >= end - half])
         if older is None or newer is None:
@@ -196,7 +200,7 @@ def _consistent(points: Points, size: float, min_span: float) -> tuple[float, fl
         hi, lo = max(older, newer), min(older, newer)
         if hi <= noise or lo >= CONSISTENT * hi:
             return rate, span
-        part, span = [p for p in part if p[0] >= end - half], half
+        part, span, halved = [p for p in part if p[0] >= end - half], half, True
 
 
 def jumps(points: Points, size: float, rising: bool) -> list[Drop]:
@@ -288,6 +292,8 @@ def _stepped_eta(pts: Points, size: float, rate: float, now: float) -> tuple[flo
     gaps = [b.start - a.start for a, b in zip(found, found[1:])]
     spread = math.hypot(statistics.stdev(s.nbytes for s in done) / nbytes, statistics.stdev(gaps) / every)
     error = spread / math.sqrt(len(gaps))
+    if error > MAX_STEP_ERROR:
+        return None  # sizes or intervals all over the place: bursts, not a checkpoint rhythm
     for k in range(int(avail / nbytes) + 2):
         free = avail - background * (at - now) - k * nbytes  # just before write k
         if free <= 0:
