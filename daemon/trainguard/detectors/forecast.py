@@ -32,6 +32,9 @@ def mount_trend(sample: FsSample, history: History, cfg: Forecast, now: float,
     return follow_trend(prev, lambda since: history.points(name, since), sample.usage.size_bytes, now, cfg)
 
 
+MAX_ERROR = 0.25  # relative ETA error beyond which an alert comes no earlier
+
+
 def level(trend: Trend | None, cfg: Forecast, active: Severity | None = None) -> tuple[Severity, float] | None:
     """(severity, threshold) the trend alerts at, or None. Hysteresis in time: an active alert clears
     only when the ETA moves 20 % past its limit."""
@@ -39,9 +42,10 @@ def level(trend: Trend | None, cfg: Forecast, active: Severity | None = None) ->
         return None
     slack = 1.2 if active is not None else 1.0
     # The ETA's own error: alert a little early rather than a little late; where the fit knows its
-    # error (the scatter of checkpoint sizes and intervals), by twice that.
-    early = 1.0 + max(cfg.lead_margin, 2 * trend.eta_error)
-    if trend.eta > cfg.evidence_ratio * trend.evidence * slack * (1.0 + cfg.lead_margin):
+    # error (the scatter of checkpoint sizes and intervals, of a saw-tooth's lows), by twice that, up to
+    # half as early again. The evidence is stretched alike: a 6 h window could never back a 6.4 h ETA.
+    early = 1.0 + max(cfg.lead_margin, 2 * min(trend.eta_error, MAX_ERROR))
+    if trend.eta > cfg.evidence_ratio * trend.evidence * slack * early:
         return None  # a forecast further ahead than the rate has held: not enough evidence yet
     if trend.eta < cfg.critical * early * (slack if active is Severity.CRITICAL else 1.0):
         return Severity.CRITICAL, cfg.critical
