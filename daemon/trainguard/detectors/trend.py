@@ -160,8 +160,8 @@ def regime(points: Points, size: float, min_span: float) -> tuple[float, float] 
     # do. Then the trend is that tail, whose evidence is short, unless the difference is within noise.
     end = points[-1][0]
     tail = [p for p in points if p[0] >= end - min_span]
-    # Not on a staircase (two or more writes of a deletion's size): between its steps it is as flat.
-    if span > min_span and rate > 0 and len(jumps(points, size, rising=False)) < 2:
+    # Not on a staircase (three or more writes of a deletion's size): between its steps it is as flat.
+    if span > min_span and rate > 0 and len(jumps(points, size, rising=False)) < 3:
         now_rate = consumption(tail)
         if now_rate is not None and now_rate < CONSISTENT * rate \
                 and (rate - now_rate) * min_span > 4 * _jitter(tail) + NOISE_RATE * size * min_span:
