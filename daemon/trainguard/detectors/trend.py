@@ -17,9 +17,7 @@ Changes of regime:
 - drops (free space rising by a deletion-sized amount) are read by what they mean: one long enough ago
   is a change point; one recent drop means the writer's pace counts, with nothing assumed to be deleted
   again; repeated drops are a regime (a cron cleanup, a trainer keeping its last N checkpoints, a GC at
-  a high-water mark). The *envelope of the lows* (free space just before each cleanup) says whether the
-  saw-tooth is still going down across cycles; only then is the saw-tooth run forward (a disk that hits
-  zero before the next cleanup is caught), and one whose cleanups keep up is left alone.
+  a high-water mark), forecast as its next low by detectors.sawtooth from the cycles learned so far.
 """
 
 from __future__ import annotations

@@ -286,9 +286,6 @@ class FsSampler:
     def _reach(self, path: str) -> str:
         return mountinfo.host_path(self.host_root, path)
 
-    def discover(self) -> list[Mount]:
-        return self._selection()[0]
-
     def _selection(self) -> tuple[list[Mount], dict[str, str | None]]:
         """(the watched mounts, the mount point each configured path lives on), chosen again only when
         the mount table changed: matching every path against every mount each cycle was a fifth of it."""
