@@ -44,6 +44,7 @@ class Fit:
     cycles: tuple = ()  # sawtooth.Cycle learned so far, kept across fits
     steps: tuple[Step, ...] = ()  # checkpoint-sized steps of the window and the background rate
     background: float = 0.0
+    line: float = 0.0  # bytes/s the free space falls between news: the trend's rate, or between steps
 
 
 def _noise(pts: Points) -> float:
@@ -62,6 +63,8 @@ def _full(prev: Fit | None, pts: Points, size: float, now: float, cfg, news: boo
     found, background = steps(pts, size)
     last_ts = pts[-1][0] if pts else now
     slope = trend.slope if trend is not None else 0.0
+    if len(found) >= 2:
+        slope = background  # a staircase is flat between its steps, and each step is news
     tail = pts[-9:]
     anchor = statistics.median(v + slope * (t - last_ts) for t, v in tail) if tail else 0.0
     # After news, once more when it has settled: a fit made in the middle of a write sees part of it.
@@ -80,13 +83,14 @@ def _full(prev: Fit | None, pts: Points, size: float, now: float, cfg, news: boo
         refit += [s.end + cfg.window for s in found if s.end + cfg.window > now]
     tolerance = min(DROP_FRACTION * size / 2,
                     max(NOISE_FACTOR * _noise(pts), ETA_SHARE * max(anchor, 0.0), 1.0))
-    return Fit(trend, now, last_ts, anchor, size, tolerance, floor, min(refit), cycles, tuple(found), background)
+    return Fit(trend, now, last_ts, anchor, size, tolerance, floor, min(refit), cycles, tuple(found), background,
+               slope)
 
 
 def _holds(prev: Fit, new: Points, size: float, now: float) -> bool:
     if prev.trend is None or prev.size != size or not prev.at <= now < prev.refit_at:
         return False
-    slope = prev.trend.slope
+    slope = prev.line
     for t, v in new:
         if t < prev.last_ts or v < prev.floor or abs(v - (prev.anchor - slope * (t - prev.last_ts))) > prev.tolerance:
             return False
