@@ -32,7 +32,7 @@ def mount_trend(sample: FsSample, history: History, cfg: Forecast, now: float,
     return follow_trend(prev, lambda since: history.points(name, since), sample.usage.size_bytes, now, cfg)
 
 
-MAX_ERROR = 0.25  # relative ETA error beyond which an alert comes no earlier
+MAX_ERROR = 0.1  # relative ETA error beyond which an alert comes no earlier
 
 
 def level(trend: Trend | None, cfg: Forecast, active: Severity | None = None) -> tuple[Severity, float] | None:
@@ -43,7 +43,7 @@ def level(trend: Trend | None, cfg: Forecast, active: Severity | None = None) ->
     slack = 1.2 if active is not None else 1.0
     # The ETA's own error: alert a little early rather than a little late; where the fit knows its
     # error (the scatter of checkpoint sizes and intervals, of a saw-tooth's lows), by twice that, up to
-    # half as early again. The evidence is stretched alike: a 6 h window could never back a 6.4 h ETA.
+    # a fifth as early again. The evidence is stretched alike: a 6 h window could never back a 6.4 h ETA.
     early = 1.0 + max(cfg.lead_margin, 2 * min(trend.eta_error, MAX_ERROR))
     if trend.eta > cfg.evidence_ratio * trend.evidence * slack * early:
         return None  # a forecast further ahead than the rate has held: not enough evidence yet

@@ -33,7 +33,8 @@ BUCKETS = 48  # points the window is reduced to; 48 -> ~1100 pairs, cheap in pur
 MIN_POINTS = 4
 DROP_FRACTION = 0.005  # a rise in free space of >= 0.5 % of the filesystem is a deletion, not noise
 CONSISTENT = 0.5  # halves of a regime whose rates differ by more than 2x are two regimes
-MAX_STEP_ERROR = 0.25  # a checkpoint rhythm whose ETA is less certain than this is not one
+MAX_STEP_ERROR = 0.1  # a checkpoint rhythm whose ETA is less certain than this is not one (bursts)
+GAP = 900.0  # seconds without a sample: the daemon was down (or the clock jumped); nothing was seen
 NOISE_RATE = 1e-6  # fraction of the filesystem per second below which a rate is noise (~3.6 ‰/h)
 
 Points = Sequence[tuple[float, float]]
@@ -328,6 +329,11 @@ def fill_trend(avail: Points, size: float, now: float, window: float, min_span: 
     if fitted is None:
         return None
     rate, evidence = fitted
+    # A rate holds only over time that was watched: after a gap in the history (a restart) the
+    # evidence starts again, whatever the fit across the gap says.
+    seen_since = next((b[0] for a, b in zip(reversed(pts[:-1]), reversed(pts[1:])) if b[0] - a[0] > GAP), None)
+    if seen_since is not None:
+        evidence = max(min(evidence, pts[-1][0] - seen_since), 1.0)  # (0 would read as "all of the span")
     if len(cycles) < 2 or rate <= 0:
         # No deletion, or one recent one: the writer's pace, without assuming someone deletes again.
         stepped = _stepped_eta(pts, size, rate, now) if rate > 0 and not drops else None
