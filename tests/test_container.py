@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import site
 import subprocess
 import sys
 import urllib.request
@@ -121,6 +122,10 @@ def test_the_image_wheel_carries_the_compiled_cleanup_loop(tmp_path):
     workdir = _builder_sources(builder, src)
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=300)
+    # When the tests themselves run in a venv, its packages (a setuptools >= 77 among them) are not the
+    # system's: a .pth makes the ones this interpreter sees visible there too, so nothing is downloaded.
+    (next(venv.glob("lib/python3*/site-packages")) / "tests-interpreter.pth").write_text(
+        "\n".join(site.getsitepackages()) + "\n")
     # The venv's bundled setuptools would shadow this interpreter's: the builder's own pip install
     # of setuptools then finds the one here instead of downloading it.
     subprocess.run([venv / "bin" / "python", "-m", "pip", "uninstall", "-q", "-y", "setuptools"], check=True,
