@@ -81,7 +81,6 @@ class Daemon:
             self.notifiers = [LogNotifier()]
             configure_outbox(self.notifiers, cfg, self.db, self.clock, self.writes)
         self.latest: CycleResult | None = None
-        self.fits: dict = {}  # each mount's carried fill trend (detectors.follow.Fit), cycle to cycle
         # Swapped as a whole each cycle: a scrape reads one consistent, immutable reference.
         self.readings: Readings | None = None
         self.metrics: MetricsServer | None = None
@@ -107,9 +106,7 @@ class Daemon:
             self.mirror.submit(snapshot)
             snapshot = replace(snapshot, mirrors=self.mirror.states())
         self.writes.attempt("history", self.history.record, now, series_of(snapshot))
-        watched = {s.mount.mount_point for s in snapshot.filesystems}
-        self.fits = {mp: f for mp, f in self.fits.items() if mp in watched}  # mounts that went away
-        inp = DetectorInput(self.config, self.history, snapshot, now, self.lifecycle.active, fits=self.fits)
+        inp = DetectorInput(self.config, self.history, snapshot, now, self.lifecycle.active)
         findings = evaluate(inp)
         problem = self.writes.problem()
         if problem is not None:
@@ -213,7 +210,6 @@ class Daemon:
             return False
         old_listen = self.config.metrics.listen
         self.loaded = new
-        self.fits = {}  # fitted under the old [forecast]
         cfg = new.config
         if cfg.metrics.listen != old_listen and (self.metrics is not None or old_listen):
             self.stop_metrics()
