@@ -54,8 +54,18 @@ write_bytes
 last_copy  # actions/mirror/record.py: what the record says was last copied of one file
 _.rounds  # actions/mirror/worker.py: finished rounds per mirror (bench/, docs/mirror.md)
 _.wait_rounds
-listing_order  # actions/cleanup/walker.py: the definition the hot loops of age_delete/kind_age inline
 
-# actions/cleanup/rotate.py is being changed on another branch; its two leftovers are reported there.
+# actions/cleanup/logfile.py: the fallocate flag named beside the one used, and a field tests read.
 FALLOC_FL_KEEP_SIZE
 lines_window_s
+
+# actions/cleanup/agerules.py: _agescan.c's result codes, all named so the numbers match the C enum; the Python
+# side compares only some of them.
+IGNORED
+IS_DIR
+GRACE
+YOUNG
+EXPIRED
+# actions/cleanup/runner.py: kinds are imported by "module:Class" name when a policy of that type first runs.
+CheckpointsKind
+HfKind
