@@ -55,8 +55,8 @@ last_copy  # actions/mirror/record.py: what the record says was last copied of o
 _.rounds  # actions/mirror/worker.py: finished rounds per mirror (bench/, docs/mirror.md)
 _.wait_rounds
 
-# actions/cleanup/logfile.py: the fallocate flag named beside the one used; Rotated.lines_window_s is set for
-# the audit of a truncating rotation (the window logrotate also has) and read by no code yet.
+# actions/cleanup/logfile.py: the fallocate flag named beside the one used; Rotated.lines_window_s is set by
+# a truncating rotation (the window logrotate also has) and read by no code yet.
 FALLOC_FL_KEEP_SIZE
 lines_window_s
 
