@@ -119,9 +119,10 @@ def test_sigterm_to_mirror_once_kills_and_reaps_its_copier(tmp_path, slowfs, sig
                             "--once"], env=cli_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60  # a bound on waiting for the event, not a timing claim
         while not copiers(cli.pid) and time.monotonic() < deadline and cli.poll() is None:
             time.sleep(0.02)
+        assert cli.poll() is None, cli.communicate()
         [copier] = copiers(cli.pid)
         while not slowfs.stats()["calls"].get("write") and time.monotonic() < deadline:
             time.sleep(0.02)  # the copy is under way on the share
