@@ -7,6 +7,7 @@ from trainguard.config import Forecast
 from trainguard.detectors.follow import follow_trend
 from trainguard.detectors.forecast import level
 from trainguard.detectors.trend import fill_trend
+from trainguard.records import Severity
 from trainguard.store.history import History
 
 from tests.support import traces
@@ -75,3 +76,29 @@ def test_a_deletion_is_news_at_once():
         assert (carried.eta is None) == (full.eta is None)
         if full.eta is not None:
             assert carried.eta == pytest.approx(full.eta, rel=0.04, abs=60), t / H
+
+
+def test_a_staircase_that_stops_is_not_counted_down_to_full():
+    """Scenario C's shape, on the pure detector: a 64 MiB disk sampled every second, a 4 MiB checkpoint
+    every 2 s, a watermark cleanup at 75 % that frees 24 MiB, then the run ends at 75 % used. The
+    steps are flat between them, so the writer that stopped never leaves the carried line: its ETA
+    must not keep counting down to a critical "~2 s left"; a step that does not come is news."""
+    cfg = Forecast(window=60.0, min_span=8.0, warning=60.0, critical=2.0, min_samples=5, evidence_ratio=3.0)
+    mib = 2.0**20
+    size, avail, pts, fit, stopped_at = 64 * mib, 53.4 * mib, [], None, None
+    for t in range(60):
+        if t in range(4, 32, 2):
+            avail -= 4.13 * mib  # a checkpoint and its scratch file
+        if t == 22:
+            avail += 24 * mib  # the watermark cleanup: keep the last 3
+        pts.append((float(t), avail))
+        trend, fit = follow_trend(fit, lambda since: [p for p in pts if p[0] >= since], size, float(t), cfg)
+        full = fill_trend(pts, size, float(t), cfg.window, cfg.min_span, fit.cycles)
+        alert = level(trend, cfg)
+        assert alert is None or alert[0] is Severity.WARNING, (t, trend)
+        if stopped_at is None and t > 31 and (full is None or full.eta is None):
+            stopped_at = t  # the full fit sees that the disk no longer fills
+        if stopped_at is not None and t >= stopped_at + 2:  # the carried trend within a period of it
+            assert trend is None or trend.eta is None, (t, trend)
+            assert alert is None, (t, trend)
+    assert stopped_at is not None

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from trainguard.detectors import sawtooth
@@ -63,12 +63,15 @@ def _full(prev: Fit | None, pts: Points, size: float, now: float, cfg, news: boo
     found, background = steps(pts, size)
     last_ts = pts[-1][0] if pts else now
     slope = trend.slope if trend is not None else 0.0
-    if len(found) >= 2:
-        slope = background  # a staircase is flat between its steps, and each step is news
-    tail = pts[-9:]
-    anchor = statistics.median(v + slope * (t - last_ts) for t, v in tail) if tail else 0.0
     # After news, once more when it has settled: a fit made in the middle of a write sees part of it.
     refit = [now + (SETTLE if news else REFIT_EVERY)]
+    if len(found) >= 2:
+        slope = background  # a staircase is flat between its steps, and each step is news;
+        # so is a step that does not come: a writer that stopped stays on the flat line, and a carried
+        # ETA would count down to "full" on a disk that no longer fills.
+        refit.append(_step_overdue(found, now))
+    tail = pts[-9:]
+    anchor = statistics.median(v + slope * (t - last_ts) for t, v in tail) if tail else 0.0
     floor = float("-inf")
     cycles = trend.cycles if trend is not None else known
     if trend is not None:
@@ -85,6 +88,15 @@ def _full(prev: Fit | None, pts: Points, size: float, now: float, cfg, news: boo
                     max(NOISE_FACTOR * _noise(pts), ETA_SHARE * max(anchor, 0.0), 1.0))
     return Fit(trend, now, last_ts, anchor, size, tolerance, floor, min(refit), cycles, tuple(found), background,
                slope)
+
+
+def _step_overdue(found: Sequence[Step], now: float) -> float:
+    """When the staircase's next step is half a period late (and, while it stays away, once a period)."""
+    every = (found[-1].start - found[0].start) / (len(found) - 1)
+    due = found[-1].start + 1.5 * every
+    if every > 0 and due <= now:
+        due += every * (1 + (now - due) // every)
+    return max(due, now + 1.0)
 
 
 def _holds(prev: Fit, new: Points, size: float, now: float) -> bool:
