@@ -225,9 +225,12 @@ def bursty_logs(rng: random.Random) -> dict:
     rotate = rng.uniform(2, 24) * H
     pace = base + burst / burst_every
     written_max = pace * rotate * 1.3
-    free = min(size * 0.99, written_max + 1.5 * 6 * H * pace * rng.uniform(1.0, 3.0))
-    if free > size:
-        free = size
+    free = written_max + 1.5 * 6 * H * pace * rng.uniform(1.0, 3.0)
+    if free > 0.99 * size:
+        # Too much for this disk: it writes less (clamping the free space instead would leave a disk that
+        # does look like a fill, hours from full with no rotation seen in a day).
+        scale = 0.99 * size / free
+        base, burst, free = base * scale, burst * scale, 0.99 * size
     bursts = {int(t / STEP) for t in _ticks(rng, burst_every, NEVER_HOURS * H)}
     rotations = {int(t / STEP) for t in _ticks(rng, rotate, NEVER_HOURS * H)}
     since = [0.0]
