@@ -108,11 +108,29 @@ def steps(points: Points, size: float) -> tuple[list[Step], float]:
             i = j + 1
         else:
             i += 1
+    found = _joined(points, found)
     # The background: what fell outside the steps, over the span (the median of the per-sample changes
     # leans toward the steps when they take several samples each).
     span = points[-1][0] - points[0][0]
     outside = points[0][1] - points[-1][1] - sum(s.nbytes for s in found)
     return found, max(outside / span if span > 0 else -base, 0.0)
+
+
+def _joined(points: Points, found: list[Step]) -> list[Step]:
+    """Steps much closer together than the rhythm's interval are one write that noise cut in two."""
+    if len(found) < 3:
+        return found
+    every = statistics.median(b.start - a.start for a, b in zip(found, found[1:]))
+    value = dict(points)
+    out = [found[0]]
+    for step in found[1:]:
+        prev = out[-1]
+        if step.start - prev.end < 0.1 * every:
+            between = value.get(prev.end, 0.0) - value.get(step.start, 0.0)
+            out[-1] = Step(prev.start, step.end, prev.nbytes + max(between, 0.0) + step.nbytes)
+        else:
+            out.append(step)
+    return out
 
 
 def _bucketed(points: Points, start: float, end: float) -> list[tuple[float, float]]:
@@ -159,8 +177,8 @@ def regime(points: Points, size: float, min_span: float) -> tuple[float, float] 
     # do. Then the trend is that tail, whose evidence is short, unless the difference is within noise.
     end = points[-1][0]
     tail = [p for p in points if p[0] >= end - min_span]
-    # Not on a staircase (three or more writes of a deletion's size): between its steps it is as flat.
-    if span > min_span and rate > 0 and len(jumps(points, size, rising=False)) < 3:
+    # Not on a staircase (three or more checkpoint-sized steps): between its steps it is as flat.
+    if span > min_span and rate > 0 and len(steps(points, size)[0]) < 3:
         now_rate = consumption(tail)
         if now_rate is not None and now_rate < CONSISTENT * rate \
                 and (rate - now_rate) * min_span > 4 * _jitter(tail) + NOISE_RATE * size * min_span:
@@ -262,6 +280,18 @@ def _cleanup_regime(pts: Points, cycles: Sequence[sawtooth.Cycle], gross: float,
                  eta_error=nxt.error)
 
 
+def _ongoing(pts: Points, found: Sequence[Step]) -> bool:
+    """The last step is a write seen in part: it ends at the newest samples, or it is much smaller than
+    the others and began less than twice their usual length ago (noise as large as a sample's share of
+    a slow write hides its tail from the step's edge)."""
+    dt = pts[-1][0] - pts[-2][0] if len(pts) > 1 else 0.0
+    if found[-1].end >= pts[-1][0] - 3 * dt:
+        return True
+    usual = statistics.median(s.end - s.start for s in found[:-1])
+    return found[-1].start >= pts[-1][0] - 2 * max(usual, 3 * dt) \
+        and found[-1].nbytes < 0.7 * statistics.fmean(s.nbytes for s in found[:-1])
+
+
 def _stepped_eta(pts: Points, size: float, rate: float, now: float) -> tuple[float, float] | None:
     """With a checkpoint rhythm (size and period learned from the steps) that explains the rate, the disk
     is full during the write that does not fit: that write's time, not where a line through the
@@ -275,7 +305,7 @@ def _stepped_eta(pts: Points, size: float, rate: float, now: float) -> tuple[flo
     # mean of a few is the closer estimate of it (the median of five was 5 % off where the mean was 3 %).
     every = (found[-1].start - found[0].start) / (len(found) - 1)
     # A write still going on at the end is seen in part: it is not a size, and the rest of it is to come.
-    ongoing = len(pts) > 1 and found[-1].end >= pts[-1][0] - 3 * (pts[-1][0] - pts[-2][0])
+    ongoing = _ongoing(pts, found)
     done = found[:-1] if ongoing and len(found) > 3 else found
     nbytes = statistics.fmean(s.nbytes for s in done)
     if every <= 0 or abs(nbytes / every + background - rate) > 0.3 * rate:
@@ -284,23 +314,38 @@ def _stepped_eta(pts: Points, size: float, rate: float, now: float) -> tuple[flo
     # it is known only to a few per cent (the background, the jitter of the sizes): the earlier write.
     largest = 1.1 * max(s.nbytes for s in done)
     write = statistics.median(s.end - s.start for s in done)
-    avail = pts[-1][1] - (max(nbytes - found[-1].nbytes, 0.0) if ongoing else 0.0)
+    if ongoing:  # what it has written so far: since the sample before it, less the background
+        before = next(v for t, v in reversed(pts) if t <= found[-1].start)
+        seen = before - pts[-1][1] - background * (pts[-1][0] - found[-1].start)
+    avail = pts[-1][1] - (max(nbytes - seen, 0.0) if ongoing else 0.0)
     at = found[-1].start + every
     while at < now:
         at += every
     gaps = [b.start - a.start for a, b in zip(found, found[1:])]
     spread = math.hypot(statistics.stdev(s.nbytes for s in done) / nbytes, statistics.stdev(gaps) / every)
-    error = spread / math.sqrt(len(gaps))
-    if error > MAX_STEP_ERROR:
+    if spread / math.sqrt(len(gaps)) > MAX_STEP_ERROR:
         return None  # sizes or intervals all over the place: bursts, not a checkpoint rhythm
     for k in range(int(avail / nbytes) + 2):
         free = avail - background * (at - now) - k * nbytes  # just before write k
         if free <= 0:
-            return (max(at - now + free / background, 0.0) if background > 0 else at - now), error
-        if free < largest:
-            return at - now + write * min(free / nbytes, 1.0), error
-        at += every
+            eta = max(at - now + free / background, 0.0) if background > 0 else at - now
+        elif free < largest:
+            eta = at - now + write * min(free / nbytes, 1.0)
+        else:
+            at += every
+            continue
+        # The ETA's error: that of the mean size and period learned from the window's steps, and the
+        # scatter of the k + 1 writes still to come (their sizes and intervals add up as they come).
+        # Scatter measured on a few steps is itself uncertain: widened by Student's t for their number.
+        return eta, spread * math.sqrt(1 / len(gaps) + 1 / (k + 1)) * _few(len(gaps) - 1)
     return None
+
+
+def _few(dof: int) -> float:
+    """Student's t over the normal quantile at 97.5 % for dof degrees of freedom (Cornish-Fisher): how
+    much wider an error estimated from a few samples is to be taken (3 intervals: 1.6x, 10: 1.1x)."""
+    z, v = 1.96, max(dof, 1)
+    return 1.0 + (z**3 + z) / (4 * v * z) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * v * v * z)
 
 
 def fill_trend(avail: Points, size: float, now: float, window: float, min_span: float,
