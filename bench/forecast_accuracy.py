@@ -4,7 +4,7 @@
 
 Each trace is simulated with 10 s samples and evaluated every 5 minutes, as a running daemon and a
 Prometheus rule would be. Three methods side by side:
-- trainguard: the daemon's own history, trend and alert decision (store.history, detectors.trend.fill_trend,
+- trainguard: the daemon's own history, trend and alert decision (store.history, detectors.follow.follow_trend,
   forecast.level; default [forecast] config: 6 h window, warning when the ETA is under 6 h);
 - predict_linear: the rule `predict_linear(avail[6h], 6*3600) < 0`, with Prometheus' exact semantics
   (ordinary least squares over the samples of the range (t-6h, t], intercept at the evaluation time);
@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.join(REPO, "daemon"))
 from trainguard.config import Forecast  # noqa: E402
 from trainguard.detectors.checkpoint import judge  # noqa: E402
 from trainguard.detectors.forecast import level  # noqa: E402
-from trainguard.detectors.trend import fill_trend  # noqa: E402
+from trainguard.detectors.follow import follow_trend  # noqa: E402
 from trainguard.store.history import History  # noqa: E402
 
 from tests.support import traces  # noqa: E402
@@ -90,14 +90,14 @@ class Series:
 def run_trainguard(series: Series, size: float, times, next_checkpoint: list | None = None):
     """The forecast alert per evaluation, from the daemon's own History (full resolution for 15 min,
     60 s means before); `next_checkpoint` collects whether fs.next_checkpoint is found."""
-    out, active = [], None
+    out, active, fit = [], None, None
     history, fed = History(None, window=WINDOW), 0
     for now in times:
         while fed < len(series.pts) and series.pts[fed][0] <= now:
             history.record(series.pts[fed][0], {"avail": series.pts[fed][1]})
             fed += 1
         pts = history.points("avail", now - WINDOW)
-        trend = fill_trend(pts, size, now, WINDOW, CFG.min_span)
+        trend, fit = follow_trend(fit, lambda since: history.points("avail", since), size, now, CFG)
         alert = level(trend, CFG, active)
         active = alert[0] if alert else None
         out.append((alert is not None, trend.eta if trend else None))

@@ -218,6 +218,24 @@ def test_cleanup_regime_is_named_in_the_summary():
                      f.summary), f.summary
 
 
+def test_a_sawtooth_alert_says_when_the_next_cleanup_is_due_and_what_if_it_does_not_come():
+    from trainguard.i18n import tr
+    from trainguard.notify.texts import texts_for
+
+    process = traces.fill_with_cleanup()
+    now = process.moment_with_time_to_full(5 * H)
+    (f,) = detect_on(process.sample(now - WINDOW, now), process.size, now, configmod.parse({}, "test"))
+    d = f.details
+    assert d["cleanup_every_seconds"] == pytest.approx(2 * H, abs=60) and not d["cleanup_missed"]
+    next_due = 2 * H - now % (2 * H)  # the cron runs every 2 h from the start
+    assert d["next_cleanup_in_seconds"] == pytest.approx(next_due, abs=120)
+    # Without the next cleanup, only the free space at the writer's pace is left.
+    assert d["eta_without_cleanup_seconds"] == pytest.approx(process.avail(now) / (40 * GiB / H), rel=0.05)
+    en, zh = texts_for(f, tr("en")), texts_for(f, tr("zh"))
+    assert "The next is expected in about" in en.why and "if it does not come" in en.why
+    assert "下一次预计" in zh.why and "如果它没有来" in zh.why
+
+
 def test_disabled_or_unresponsive_means_no_forecast():
     process = traces.steady()
     now = process.moment_with_time_to_full(H / 2)

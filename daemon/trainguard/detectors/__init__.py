@@ -27,6 +27,9 @@ class DetectorInput:
     # Fill trends fitted so far for this input (mount point -> Trend or None): the fit is the
     # costliest step of a cycle, and the detector, the metrics and `status` all need it.
     trends: dict = field(default_factory=dict, compare=False, repr=False)
+    # The fits carried from the previous cycle (mount point -> detectors.follow.Fit), owned by the
+    # daemon: a trend is refitted only when a new sample can change it. Updated here as mounts are fitted.
+    fits: dict = field(default_factory=dict, compare=False, repr=False)
 
     def trend(self, sample: FsSample):
         """The mount's fill trend (detectors.forecast.Trend or None), fitted once per input."""
@@ -36,8 +39,18 @@ class DetectorInput:
 
         mp = sample.mount.mount_point
         if mp not in self.trends:
-            self.trends[mp] = mount_trend(sample, self.history, self.config.forecast, self.now)
+            trend, fit = mount_trend(sample, self.history, self.config.forecast, self.now, self.fits.get(mp))
+            self.trends[mp] = trend
+            if fit is None:
+                self.fits.pop(mp, None)
+            else:
+                self.fits[mp] = fit
         return self.trends[mp]
+
+    def fit(self, sample: FsSample):
+        """The mount's detectors.follow.Fit (its steps, its carried trend), or None."""
+        self.trend(sample)
+        return self.fits.get(sample.mount.mount_point)
 
 
 Detector = Callable[[DetectorInput], list[Finding]]

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from trainguard.detectors import filesystem
-from trainguard.detectors.trend import DROP_FRACTION, Points, steps
+from trainguard.detectors.trend import DROP_FRACTION, Points, Step, steps
 from trainguard.records import CheckpointFact, Finding, Severity
 from trainguard.units import format_bytes, format_duration, format_ratio
 
@@ -30,12 +30,13 @@ class Rhythm:
     background: float  # bytes/s written between checkpoints
 
 
-def rhythm(points: Points, size: float, facts: Sequence[CheckpointFact], min_steps: int, now: float) -> Rhythm | None:
-    """What the next checkpoint on the mount will be, from its steps and the policy roots' newest checkpoints."""
-    found, background = steps(points, size)
+def rhythm(found: Sequence[Step], background: float, last_ts: float, facts: Sequence[CheckpointFact],
+           min_steps: int, now: float) -> Rhythm | None:
+    """What the next checkpoint on the mount will be, from its steps (those of the window, and the
+    background rate between them, up to the sample at last_ts) and the policy roots' newest checkpoints."""
     newest = max((f.newest_bytes for f in facts), default=0)
     if len(found) >= min_steps:
-        done = [s for s in found if s.end < points[-1][0]] or found  # the write in progress may be partial
+        done = [s for s in found if s.end < last_ts] or found  # the write in progress may be partial
         every = statistics.median(b.start - a.start for a, b in zip(found, found[1:]))
         last = found[-1].start
         if now - last <= STALE_PERIODS * every:
@@ -61,9 +62,16 @@ def _judge(r: Rhythm, avail: float, cfg, now: float) -> tuple[Severity, float | 
 
 
 def judge(trend, points: Points, avail: float, size: float, facts: Sequence[CheckpointFact], cfg,
-          now: float) -> tuple[Rhythm, tuple[Severity, float | None, float, float]] | None:
-    """The rhythm and (severity, next write time, free then, needed) when the next checkpoint will not fit."""
-    r = rhythm(points, size, facts, cfg.checkpoint_min_steps, now)
+          now: float, fit=None) -> tuple[Rhythm, tuple[Severity, float | None, float, float]] | None:
+    """The rhythm and (severity, next write time, free then, needed) when the next checkpoint will not fit.
+    `fit` (detectors.follow.Fit): the steps found by the mount's last full fit, instead of the points'."""
+    if fit is not None:
+        found, background, last_ts = list(fit.steps), fit.background, fit.last_ts
+    elif points:
+        (found, background), last_ts = steps(points, size), points[-1][0]
+    else:
+        found, background, last_ts = [], 0.0, now
+    r = rhythm(found, background, last_ts, facts, cfg.checkpoint_min_steps, now)
     if r is None:
         return None
     if trend is not None and trend.cleanup_low is not None \
@@ -88,9 +96,10 @@ def detect(inp) -> list[Finding]:
         mp, usage = sample.mount.mount_point, sample.usage
         if filesystem.ignored(inp.config.filesystems, mp) or not sample.responsive or usage is None:
             continue
-        points = inp.history.points(f"fs.avail_bytes:{mp}", inp.now - cfg.window)
         facts = [f for f in inp.snapshot.checkpoints if f.mount_point == mp]
-        found = judge(inp.trend(sample), points, usage.avail_bytes, usage.size_bytes, facts, cfg, inp.now)
+        fit = inp.fit(sample)
+        points = () if fit is not None else inp.history.points(f"fs.avail_bytes:{mp}", inp.now - cfg.window)
+        found = judge(inp.trend(sample), points, usage.avail_bytes, usage.size_bytes, facts, cfg, inp.now, fit)
         if found is None:
             continue
         r, (severity, next_at, free_then, need) = found

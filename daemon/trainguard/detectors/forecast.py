@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from trainguard.detectors import filesystem
+from trainguard.detectors.follow import Fit, follow_trend  # noqa: F401  (follow_trend re-exported)
 from trainguard.detectors.trend import Trend, fill_trend, theil_sen  # noqa: F401  (re-exported)
 from trainguard.records import Finding, FsSample, Severity
 from trainguard.units import format_bytes, format_duration, format_ratio
@@ -20,13 +21,18 @@ if TYPE_CHECKING:
     from trainguard.store.history import History
 
 
-def mount_trend(sample: FsSample, history: History, cfg: Forecast, now: float) -> Trend | None:
-    """A sampled mount's fill trend from its history: the one fit the detector, the metrics
-    and `status` all show. None for a mount without usable usage."""
+def mount_trend(sample: FsSample, history: History, cfg: Forecast, now: float,
+                prev: Fit | None = None) -> tuple[Trend | None, Fit | None]:
+    """A sampled mount's fill trend from its history, and the Fit to pass back next cycle: the one fit
+    the detector, the metrics and `status` all show, refitted only when a new sample can change it
+    (detectors.follow). (None, None) for a mount without usable usage."""
     if not sample.responsive or sample.usage is None or sample.usage.size_bytes <= 0:
-        return None
-    points = history.points(f"fs.avail_bytes:{sample.mount.mount_point}", now - cfg.window)
-    return fill_trend(points, sample.usage.size_bytes, now, cfg.window, cfg.min_span)
+        return None, None
+    name = f"fs.avail_bytes:{sample.mount.mount_point}"
+    return follow_trend(prev, lambda since: history.points(name, since), sample.usage.size_bytes, now, cfg)
+
+
+MAX_ERROR = 0.1  # relative ETA error beyond which an alert comes no earlier
 
 
 def level(trend: Trend | None, cfg: Forecast, active: Severity | None = None) -> tuple[Severity, float] | None:
@@ -35,7 +41,10 @@ def level(trend: Trend | None, cfg: Forecast, active: Severity | None = None) ->
     if trend is None or trend.eta is None or trend.points < cfg.min_samples:
         return None
     slack = 1.2 if active is not None else 1.0
-    early = 1.0 + cfg.lead_margin  # the ETA's own error: alert a little early rather than a little late
+    # The ETA's own error: alert a little early rather than a little late; where the fit knows its
+    # error (the scatter of checkpoint sizes and intervals, of a saw-tooth's lows), by twice that, up to
+    # a fifth as early again. The evidence is stretched alike: a 6 h window could never back a 6.4 h ETA.
+    early = 1.0 + max(cfg.lead_margin, 2 * min(trend.eta_error, MAX_ERROR))
     if trend.eta > cfg.evidence_ratio * trend.evidence * slack * early:
         return None  # a forecast further ahead than the rate has held: not enough evidence yet
     if trend.eta < cfg.critical * early * (slack if active is Severity.CRITICAL else 1.0):
@@ -43,6 +52,27 @@ def level(trend: Trend | None, cfg: Forecast, active: Severity | None = None) ->
     if trend.eta < cfg.warning * early * slack:
         return Severity.WARNING, cfg.warning
     return None
+
+
+def _cleanup_words(trend: Trend) -> str:
+    """The saw-tooth part of the summary: when the next cleanup is due, and what if it does not come."""
+    if not trend.cleanup_every:
+        return ""
+    every, frees = format_duration(trend.cleanup_every), format_bytes(trend.cleanup_frees)
+    if trend.cleanup_missed:
+        return f"; the cleanup that freed {frees} every {every} did not come: counting on none"
+    return (f", counting the cleanup that frees {frees} every {every} (next expected in "
+            f"~{format_duration(trend.next_cleanup_in or 0)}; without it full in "
+            f"~{format_duration(trend.eta_without_cleanup or 0)})")
+
+
+def _cleanup_details(trend: Trend) -> dict:
+    if not trend.cleanup_every:
+        return {}
+    return {"cleanup_every_seconds": round(trend.cleanup_every), "cleanup_frees_bytes": round(trend.cleanup_frees),
+            "cleanup_missed": trend.cleanup_missed,
+            "next_cleanup_in_seconds": round(trend.next_cleanup_in or 0),
+            "eta_without_cleanup_seconds": round(trend.eta_without_cleanup or 0)}
 
 
 HINT = "free space now (trainguard cleanup --dry-run shows candidates) or move output to a larger volume"
@@ -68,12 +98,11 @@ def detect(inp) -> list[Finding]:
         findings.append(Finding(
             key=key, severity=severity,
             summary=(f"{mp} {format_ratio(usage.used_ratio)} full, ~{format_duration(trend.eta)} left "
-                     f"at {format_bytes(rate_per_hour)}/h"
-                     + (f", counting the cleanup that frees {format_bytes(trend.cleanup_frees)} every "
-                        f"{format_duration(trend.cleanup_every)}" if trend.cleanup_every else "")),
+                     f"at {format_bytes(rate_per_hour)}/h" + _cleanup_words(trend)),
             details={"mountpoint": mp, "eta_seconds": round(trend.eta), "fill_bytes_per_second": round(trend.slope, 1),
                      "avail_bytes": usage.avail_bytes, "used_ratio": round(usage.used_ratio, 4),
-                     "fitted_span_seconds": round(trend.span), "evidence_seconds": round(trend.evidence)},
+                     "fitted_span_seconds": round(trend.span), "evidence_seconds": round(trend.evidence),
+                     **_cleanup_details(trend)},
             labels=filesystem.labels_for(sample),
             value=trend.eta, threshold=threshold, hint=HINT,
         ))

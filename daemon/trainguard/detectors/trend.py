@@ -17,9 +17,7 @@ Changes of regime:
 - drops (free space rising by a deletion-sized amount) are read by what they mean: one long enough ago
   is a change point; one recent drop means the writer's pace counts, with nothing assumed to be deleted
   again; repeated drops are a regime (a cron cleanup, a trainer keeping its last N checkpoints, a GC at
-  a high-water mark). The *envelope of the lows* (free space just before each cleanup) says whether the
-  saw-tooth is still going down across cycles; only then is the saw-tooth run forward (a disk that hits
-  zero before the next cleanup is caught), and one whose cleanups keep up is left alone.
+  a high-water mark), forecast as its next low by detectors.sawtooth from the cycles learned so far.
 """
 
 from __future__ import annotations
@@ -29,10 +27,14 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from trainguard.detectors import sawtooth
+
 BUCKETS = 48  # points the window is reduced to; 48 -> ~1100 pairs, cheap in pure Python
 MIN_POINTS = 4
 DROP_FRACTION = 0.005  # a rise in free space of >= 0.5 % of the filesystem is a deletion, not noise
 CONSISTENT = 0.5  # halves of a regime whose rates differ by more than 2x are two regimes
+MAX_STEP_ERROR = 0.1  # a checkpoint rhythm whose ETA is less certain than this is not one (bursts)
+GAP = 900.0  # seconds without a sample: the daemon was down (or the clock jumped); nothing was seen
 NOISE_RATE = 1e-6  # fraction of the filesystem per second below which a rate is noise (~3.6 ‰/h)
 
 Points = Sequence[tuple[float, float]]
@@ -48,6 +50,11 @@ class Trend:
     cleanup_frees: float | None = None  # and the median bytes each one frees
     cleanup_low: float | None = None  # the lowest free space a cleanup has come at (keeping up)
     evidence: float = 0.0  # seconds over which the rate has held (the ETA's support); defaults to span
+    cycles: tuple = ()  # cleanup cycles learned so far (sawtooth.Cycle), handed to the next fit
+    next_cleanup_in: float | None = None  # a saw-tooth: seconds until its next cleanup is expected
+    eta_without_cleanup: float | None = None  # and seconds to full if it does not come
+    cleanup_missed: bool = False  # a saw-tooth whose cleanup passed both its level and its time
+    eta_error: float = 0.0  # relative standard error of the ETA where it is known (checkpoint steps)
 
     def __post_init__(self) -> None:
         if not self.evidence:
@@ -101,11 +108,29 @@ def steps(points: Points, size: float) -> tuple[list[Step], float]:
             i = j + 1
         else:
             i += 1
+    found = _joined(points, found)
     # The background: what fell outside the steps, over the span (the median of the per-sample changes
     # leans toward the steps when they take several samples each).
     span = points[-1][0] - points[0][0]
     outside = points[0][1] - points[-1][1] - sum(s.nbytes for s in found)
     return found, max(outside / span if span > 0 else -base, 0.0)
+
+
+def _joined(points: Points, found: list[Step]) -> list[Step]:
+    """Steps much closer together than the rhythm's interval are one write that noise cut in two."""
+    if len(found) < 3:
+        return found
+    every = statistics.median(b.start - a.start for a, b in zip(found, found[1:]))
+    value = dict(points)
+    out = [found[0]]
+    for step in found[1:]:
+        prev = out[-1]
+        if step.start - prev.end < 0.1 * every:
+            between = value.get(prev.end, 0.0) - value.get(step.start, 0.0)
+            out[-1] = Step(prev.start, step.end, prev.nbytes + max(between, 0.0) + step.nbytes)
+        else:
+            out.append(step)
+    return out
 
 
 def _bucketed(points: Points, start: float, end: float) -> list[tuple[float, float]]:
@@ -144,17 +169,47 @@ def regime(points: Points, size: float, min_span: float) -> tuple[float, float] 
 
     While the older half of the span disagrees with the newer half (rates more than 2x apart, beyond
     noise), the older half is another regime: a download that started, or one that stopped."""
+    fitted = _consistent(points, size, min_span)
+    if fitted is None:
+        return None
+    rate, span = fitted
+    # A rate that stopped holding (a download that ended): its last min_span says so before the halves
+    # do. Then the trend is that tail, whose evidence is short, unless the difference is within noise.
+    end = points[-1][0]
+    tail = [p for p in points if p[0] >= end - min_span]
+    # Not on a staircase (three or more checkpoint-sized steps): between its steps it is as flat.
+    if span > min_span and rate > 0 and len(steps(points, size)[0]) < 3:
+        now_rate = consumption(tail)
+        if now_rate is not None and now_rate < CONSISTENT * rate \
+                and (rate - now_rate) * min_span > 4 * _jitter(tail) + NOISE_RATE * size * min_span:
+            return now_rate, tail[-1][0] - tail[0][0]
+    return rate, span
+
+
+def _jitter(points: Points) -> float:
+    """Spread of the sample-to-sample changes around their median (the measurement noise)."""
+    diffs = [b[1] - a[1] for a, b in zip(points, points[1:])]
+    if len(diffs) < 3:
+        return 0.0
+    mid = statistics.median(diffs)
+    return 1.4826 * statistics.median(abs(d - mid) for d in diffs)
+
+
+def _consistent(points: Points, size: float, min_span: float) -> tuple[float, float] | None:
     end = points[-1][0]
     span = end - points[0][0]
     part = list(points)
     noise = NOISE_RATE * size
+    halved = False
     while True:
         rate = consumption(part)
         if rate is None:
             return None
         half = span / 2
         if half < min_span:
-            return rate, span
+            # Too short to halve again after a change: where in this part the new regime began is not
+            # known, so it has held for half of it at most as far as evidence goes.
+            return rate, (half if halved else span)
         older = consumption([p for p in part if p[0] <= end - half])
         newer = consumption([p for p in part if p[0] >= end - half])
         if older is None or newer is None:
@@ -162,7 +217,7 @@ def regime(points: Points, size: float, min_span: float) -> tuple[float, float] 
         hi, lo = max(older, newer), min(older, newer)
         if hi <= noise or lo >= CONSISTENT * hi:
             return rate, span
-        part, span = [p for p in part if p[0] >= end - half], half
+        part, span, halved = [p for p in part if p[0] >= end - half], half, True
 
 
 def jumps(points: Points, size: float, rising: bool) -> list[Drop]:
@@ -198,117 +253,136 @@ def _without_drops(points: Points, drops: Sequence[Drop]) -> list[tuple[float, f
     return out
 
 
-def _sawtooth_eta(avail: float, gross: float, loss: float, first_in: float, period: float) -> float | None:
-    """Seconds until free space reaches 0 filling at `gross` bytes/s, with cleanups `first_in` seconds
-    from now and then every `period` seconds that leave the disk `loss` bytes lower each period;
-    None when the cleanups keep up."""
-    if avail <= gross * first_in:
-        return avail / gross  # full before the next cleanup
-    if loss <= 0:
-        return None
-    freed = gross * period - loss
-    level = avail - gross * first_in + freed  # just after the next cleanup
-    # The lowest point of each period is just before its cleanup: the first period whose low reaches 0.
-    k = max(0, math.ceil((level - gross * period) / loss))
-    return first_in + k * period + (level - k * loss) / gross
-
-
-def _low(points: Points, drop: Drop) -> tuple[float, float]:
+def _low(points: Points, drop: Drop) -> float:
     """The saw-tooth's low before a cleanup: the least free space in the few samples before it (with
     averaged history a save just before the cleanup is spread over them)."""
-    return min(points[max(drop.start - 3, 0):drop.start + 1], key=lambda p: p[1])
+    return min(v for _, v in points[max(drop.start - 3, 0):drop.start + 1])
 
 
-def _lows_loss(points: Points, drops: Sequence[Drop], period: float, size: float, largest_write: float) -> float:
-    """Bytes the saw-tooth loses per period, from the envelope of its lows (free space just before each
-    cleanup); 0 when the lows are not going down beyond what their own scatter and the steps explain."""
-    lows = [_low(points, d) for d in drops]
-    slope = theil_sen(lows, 0.0) or 0.0
-    decline = -slope * (lows[-1][0] - lows[0][0])
-    scatter = max((abs(v - lows[0][1] - slope * (t - lows[0][0])) for t, v in lows), default=0.0)
-    tolerance = max(size * DROP_FRACTION, 2 * scatter, largest_write)
-    return -slope * period if decline > tolerance else 0.0
+def _burst(pts: Points, write: Drop) -> bool:
+    """A run of falls that was much faster than what came after it (a download, one checkpoint), not a
+    steady fill whose averaged points happen to fall sample after sample."""
+    took = max(pts[write.index][0] - pts[write.start][0], 1.0)
+    after = consumption(pts[write.index:])
+    return after is None or after < CONSISTENT * (-write.freed / took)
 
 
-def _cleanup_regime(pts: Points, drops: Sequence[Drop], gross: float, evidence: float, size: float,
+def _cleanup_regime(pts: Points, cycles: Sequence[sawtooth.Cycle], gross: float, evidence: float, size: float,
                     now: float) -> Trend:
-    latest = pts[-1][1]
-    span = pts[-1][0] - pts[0][0]
-    whole = [d for d in drops if d.start >= 3]  # not one the window begins in, or too near for its low
-    drops = whole if len(whole) >= 2 else drops
-    period = statistics.median(b.ts - a.ts for a, b in zip(drops, drops[1:]))
-    freed = statistics.median(d.freed for d in drops)
-    lows = [_low(pts, d)[1] for d in drops]
     # Checkpoint writes decide how far past its mark a GC triggers: lows anywhere within one checkpoint
     # below the mark are neither a decline nor a missed cleanup.
     largest_write = max((s.nbytes for s in steps(pts, size)[0]), default=0.0)
-    margin = max(size * DROP_FRACTION, max(lows) - min(lows), largest_write)
-    overdue = now >= drops[-1].ts + 1.5 * period and latest < statistics.median(lows)
-    if overdue or latest < min(lows) - margin:
-        # The cleanup did not come when or where it used to: it may have stopped, so count on none.
-        return Trend(slope=gross, span=span, points=len(pts), eta=latest / gross, evidence=evidence)
-    loss = _lows_loss(pts, drops, period, size, largest_write)
-    if loss <= 0:
-        # The lows hold: each cleanup has come before the disk went lower (a high-water-mark GC, a
-        # keep-last trainer). The next is awaited at that level, whenever the writer gets there.
-        eta = None
-    else:
-        # Going down across cycles: run the saw-tooth forward, cleanups expected one period apart
-        # (a late one is still awaited while the disk is above its lows).
-        first_in = max(drops[-1].ts + period - now, 0.0)
-        eta = _sawtooth_eta(latest, gross, loss, first_in, period)
-    return Trend(slope=gross, span=span, points=len(pts), eta=eta, cleanup_every=period, cleanup_frees=freed,
-                 cleanup_low=min(lows) if eta is None else None, evidence=evidence)
+    nxt = sawtooth.next_low(cycles, pts[-1][1], gross, size, largest_write, now)
+    return Trend(slope=gross, span=pts[-1][0] - pts[0][0], points=len(pts), eta=nxt.eta,
+                 cleanup_every=nxt.every, cleanup_frees=nxt.frees,
+                 cleanup_low=nxt.low if nxt.eta is None else None, evidence=evidence, cycles=tuple(cycles),
+                 next_cleanup_in=nxt.next_in, eta_without_cleanup=nxt.eta_without, cleanup_missed=nxt.stopped,
+                 eta_error=nxt.error)
 
 
-def _stepped_eta(pts: Points, size: float, rate: float, now: float) -> float | None:
+def _ongoing(pts: Points, found: Sequence[Step]) -> bool:
+    """The last step is a write seen in part: it ends at the newest samples, or it is much smaller than
+    the others and began less than twice their usual length ago (noise as large as a sample's share of
+    a slow write hides its tail from the step's edge)."""
+    dt = pts[-1][0] - pts[-2][0] if len(pts) > 1 else 0.0
+    if found[-1].end >= pts[-1][0] - 3 * dt:
+        return True
+    usual = statistics.median(s.end - s.start for s in found[:-1])
+    return found[-1].start >= pts[-1][0] - 2 * max(usual, 3 * dt) \
+        and found[-1].nbytes < 0.7 * statistics.fmean(s.nbytes for s in found[:-1])
+
+
+def _stepped_eta(pts: Points, size: float, rate: float, now: float) -> tuple[float, float] | None:
     """With a checkpoint rhythm (size and period learned from the steps) that explains the rate, the disk
     is full during the write that does not fit: that write's time, not where a line through the
-    staircase reaches zero (up to one period later). None without such a rhythm."""
+    staircase reaches zero (up to one period later); and that ETA's relative standard error, from how
+    much the sizes and the intervals of the steps scatter. None without such a rhythm."""
     found, background = steps(pts, size)
+    found = [s for s in found if s.start > pts[min(3, len(pts) - 1)][0]]  # not one the window cuts into
     if len(found) < 3:
         return None
-    every = statistics.median(b.start - a.start for a, b in zip(found, found[1:]))
-    nbytes = statistics.median(s.nbytes for s in found[-5:])
+    # Means over the window, not medians: saves jitter in size and time around a steady pace, and the
+    # mean of a few is the closer estimate of it (the median of five was 5 % off where the mean was 3 %).
+    every = (found[-1].start - found[0].start) / (len(found) - 1)
+    # A write still going on at the end is seen in part: it is not a size, and the rest of it is to come.
+    ongoing = _ongoing(pts, found)
+    done = found[:-1] if ongoing and len(found) > 3 else found
+    nbytes = statistics.fmean(s.nbytes for s in done)
     if every <= 0 or abs(nbytes / every + background - rate) > 0.3 * rate:
         return None
-    write = statistics.median(s.end - s.start for s in found)
-    avail, at = pts[-1][1], found[-1].start + every
+    # The write that will not fit: one of the largest size seen may come next, and the free space before
+    # it is known only to a few per cent (the background, the jitter of the sizes): the earlier write.
+    largest = 1.1 * max(s.nbytes for s in done)
+    write = statistics.median(s.end - s.start for s in done)
+    if ongoing:  # what it has written so far: since the sample before it, less the background
+        before = next(v for t, v in reversed(pts) if t <= found[-1].start)
+        seen = before - pts[-1][1] - background * (pts[-1][0] - found[-1].start)
+    avail = pts[-1][1] - (max(nbytes - seen, 0.0) if ongoing else 0.0)
+    at = found[-1].start + every
     while at < now:
         at += every
+    gaps = [b.start - a.start for a, b in zip(found, found[1:])]
+    spread = math.hypot(statistics.stdev(s.nbytes for s in done) / nbytes, statistics.stdev(gaps) / every)
+    if spread / math.sqrt(len(gaps)) > MAX_STEP_ERROR:
+        return None  # sizes or intervals all over the place: bursts, not a checkpoint rhythm
     for k in range(int(avail / nbytes) + 2):
         free = avail - background * (at - now) - k * nbytes  # just before write k
         if free <= 0:
-            return max(at - now + free / background, 0.0) if background > 0 else at - now
-        if free < nbytes:
-            return at - now + write * free / nbytes
-        at += every
+            eta = max(at - now + free / background, 0.0) if background > 0 else at - now
+        elif free < largest:
+            eta = at - now + write * min(free / nbytes, 1.0)
+        else:
+            at += every
+            continue
+        # The ETA's error: that of the mean size and period learned from the window's steps, and the
+        # scatter of the k + 1 writes still to come (their sizes and intervals add up as they come).
+        # Scatter measured on a few steps is itself uncertain: widened by Student's t for their number.
+        return eta, spread * math.sqrt(1 / len(gaps) + 1 / (k + 1)) * _few(len(gaps) - 1)
     return None
 
 
-def fill_trend(avail: Points, size: float, now: float, window: float, min_span: float) -> Trend | None:
-    """Trend of available bytes over the window; None until min_span of data exists."""
+def _few(dof: int) -> float:
+    """Student's t over the normal quantile at 97.5 % for dof degrees of freedom (Cornish-Fisher): how
+    much wider an error estimated from a few samples is to be taken (3 intervals: 1.6x, 10: 1.1x)."""
+    z, v = 1.96, max(dof, 1)
+    return 1.0 + (z**3 + z) / (4 * v * z) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * v * v * z)
+
+
+def fill_trend(avail: Points, size: float, now: float, window: float, min_span: float,
+               known: Sequence[sawtooth.Cycle] = ()) -> Trend | None:
+    """Trend of available bytes over the window; None until min_span of data exists. `known`: the
+    cleanup cycles learned by earlier fits (Trend.cycles), for saw-tooths slower than the window shows."""
     pts = [p for p in avail if now - window <= p[0] <= now]
     if len(pts) < MIN_POINTS or pts[-1][0] - pts[0][0] < min_span:
         return None
     latest = pts[-1][1]
     drops = jumps(pts, size, rising=True)
-    if len(drops) == 1 and pts[-1][0] - drops[0].ts >= min_span:
+    cycles = sawtooth.merge(known, [sawtooth.Cycle(d.ts, _low(pts, d), d.freed) for d in drops if d.start >= 3],
+                            now)
+    if len(drops) == 1 and len(cycles) < 2 and pts[-1][0] - drops[0].ts >= min_span:
         pts = pts[drops[0].index:]  # a change point with enough data after it
         drops = []
     if not drops:
-        steps = jumps(pts, size, rising=False)
-        if len(steps) == 1 and pts[-1][0] - steps[0].ts >= min_span and steps[0].index > 0:
+        writes = jumps(pts, size, rising=False)
+        if len(writes) == 1 and pts[-1][0] - writes[0].ts >= min_span and writes[0].index > 0 \
+                and _burst(pts, writes[0]):
             # One large write (a dataset download, a single checkpoint) and quiet since: in the middle
             # of the window it would tilt the whole fit; what happened after it is the trend.
-            pts = pts[steps[0].index:]
+            pts = pts[writes[0].index:]
     span = pts[-1][0] - pts[0][0]
     fitted = regime(_without_drops(pts, drops) if drops else pts, size, min_span)
     if fitted is None:
         return None
     rate, evidence = fitted
-    if not drops or len(drops) == 1 or rate <= 0:
+    # A rate holds only over time that was watched: after a gap in the history (a restart) the
+    # evidence starts again, whatever the fit across the gap says.
+    seen_since = next((b[0] for a, b in zip(reversed(pts[:-1]), reversed(pts[1:])) if b[0] - a[0] > GAP), None)
+    if seen_since is not None:
+        evidence = max(min(evidence, pts[-1][0] - seen_since), 1.0)  # (0 would read as "all of the span")
+    if len(cycles) < 2 or rate <= 0:
         # No deletion, or one recent one: the writer's pace, without assuming someone deletes again.
-        eta = None if rate <= 0 else (not drops and _stepped_eta(pts, size, rate, now)) or latest / rate
-        return Trend(slope=rate, span=span, points=len(pts), eta=eta, evidence=evidence)
-    return _cleanup_regime(pts, drops, rate, evidence, size, now)
+        stepped = _stepped_eta(pts, size, rate, now) if rate > 0 and not drops else None
+        eta, error = stepped or ((None, 0.0) if rate <= 0 else (latest / rate, 0.0))
+        return Trend(slope=rate, span=span, points=len(pts), eta=eta, evidence=evidence, cycles=cycles,
+                     eta_error=error)
+    return _cleanup_regime(pts, cycles, rate, evidence, size, now)

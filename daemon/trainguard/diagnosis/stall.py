@@ -62,6 +62,13 @@ def _util(gpu: GpuSample) -> tuple[float, ...]:
     return tuple(u for u in (gpu.util_ratio,) if u is not None)
 
 
+BUSY = 0.5  # utilisation above which a GPU is working, whatever a stall rule's floor
+
+
+def _busy(gpu: GpuSample) -> bool:
+    return gpu.util_ratio is not None and gpu.util_ratio > BUSY
+
+
 class StallDiagnoser:
     """Keeps I/O counters of GPU processes across cycles and diagnoses stalls on demand."""
 
@@ -93,9 +100,12 @@ class StallDiagnoser:
     # --- I/O counters across cycles ---------------------------------------------------------
 
     def observe(self, snapshot: Snapshot) -> None:
-        """Record I/O counters of every resolved or inferred GPU process (one small read each)."""
+        """Record I/O counters of the resolved GPU processes of every GPU that is not busy, and of the
+        inferred ones (one small read each). A busy GPU is not stalled: its processes' counters are
+        needed from the moment it goes quiet, which is as far back as a stall diagnosis looks."""
         with self._lock:
-            pids = {p.pid for g in snapshot.gpus for p in g.processes if p.pid is not None} | self._watch
+            pids = {p.pid for g in snapshot.gpus if not _busy(g) for p in g.processes if p.pid is not None}
+            pids |= self._watch
             for pid in pids:
                 io = procs.read_io(self.proc_root, pid)
                 if io is None:

@@ -118,9 +118,24 @@ def _fs_forecast(f: Finding, _: Gettext) -> Texts:
                                                      eta=format_duration(eta)),
         subject=_("{mp} disk space").format(mp=short_path(mp)),
         what=what,
-        why=_("The trend of the last {span} says it runs out; then writes fail and training may crash.").format(
-            span=format_duration(d.get("fitted_span_seconds"))),
+        why=_cleanup_why(d, _) or _("The trend of the last {span} says it runs out; then writes fail and training "
+                                    "may crash.").format(span=format_duration(d.get("fitted_span_seconds"))),
         step=_(STEP_FREE))
+
+
+def _cleanup_why(d: dict, _: Gettext) -> str:
+    """A saw-tooth: when its next cleanup is expected, and what happens if it does not come."""
+    if not d.get("cleanup_every_seconds"):
+        return ""
+    every, frees = format_duration(d["cleanup_every_seconds"]), format_bytes(d["cleanup_frees_bytes"])
+    if d.get("cleanup_missed"):
+        return _("A cleanup freed {frees} every {every}; the last one is overdue, so none is counted on: "
+                 "without it the disk is full in about {eta}.").format(
+            frees=frees, every=every, eta=format_duration(d["eta_seconds"]))
+    return _("A cleanup frees {frees} every {every}, but the disk is lower after each one. The next is expected "
+             "in about {next}; if it does not come, the disk is full in about {without}.").format(
+        frees=frees, every=every, next=format_duration(d["next_cleanup_in_seconds"]),
+        without=format_duration(d["eta_without_cleanup_seconds"]))
 
 
 @renders("fs.unresponsive")

@@ -81,6 +81,7 @@ class Daemon:
             self.notifiers = [LogNotifier()]
             configure_outbox(self.notifiers, cfg, self.db, self.clock, self.writes)
         self.latest: CycleResult | None = None
+        self.fits: dict = {}  # each mount's carried fill trend (detectors.follow.Fit), cycle to cycle
         # Swapped as a whole each cycle: a scrape reads one consistent, immutable reference.
         self.readings: Readings | None = None
         self.metrics: MetricsServer | None = None
@@ -106,7 +107,9 @@ class Daemon:
             self.mirror.submit(snapshot)
             snapshot = replace(snapshot, mirrors=self.mirror.states())
         self.writes.attempt("history", self.history.record, now, series_of(snapshot))
-        inp = DetectorInput(self.config, self.history, snapshot, now, self.lifecycle.active)
+        watched = {s.mount.mount_point for s in snapshot.filesystems}
+        self.fits = {mp: f for mp, f in self.fits.items() if mp in watched}  # mounts that went away
+        inp = DetectorInput(self.config, self.history, snapshot, now, self.lifecycle.active, fits=self.fits)
         findings = evaluate(inp)
         problem = self.writes.problem()
         if problem is not None:
@@ -210,6 +213,7 @@ class Daemon:
             return False
         old_listen = self.config.metrics.listen
         self.loaded = new
+        self.fits = {}  # fitted under the old [forecast]
         cfg = new.config
         if cfg.metrics.listen != old_listen and (self.metrics is not None or old_listen):
             self.stop_metrics()

@@ -6,6 +6,7 @@ Pure parsing plus classification; no statvfs here (that can hang, see fs.py).
 from __future__ import annotations
 
 import fnmatch
+import functools
 import os
 import re
 from typing import Iterable, Sequence
@@ -58,7 +59,17 @@ def classify(fstype: str) -> MountKind | None:
 
 
 def parse_mountinfo(text: str) -> list[Mount]:
-    """Every line of mountinfo as a Mount; kind is classify(fstype) or LOCAL for unknown (filtered later)."""
+    """Every line of mountinfo as a Mount; kind is classify(fstype) or LOCAL for unknown (filtered later).
+    The table rarely changes between cycles: the same text is parsed once."""
+    return list(_parsed(text))
+
+
+@functools.lru_cache(maxsize=4)
+def _parsed(text: str) -> tuple[Mount, ...]:
+    return tuple(_parse(text))
+
+
+def _parse(text: str) -> list[Mount]:
     mounts: list[Mount] = []
     for line in text.splitlines():
         left, sep, right = line.partition(" - ")

@@ -109,13 +109,20 @@ def _read(path: str) -> str | None:
         return None
 
 
-def parse_status(text: str) -> dict[str, str]:
+def parse_status(text: str, keys: frozenset[str] | None = None) -> dict[str, str]:
+    """The fields of /proc/PID/status; with `keys`, only those, read until all are found (they come
+    in the first lines, and the rest of the file is most of the work)."""
     fields: dict[str, str] = {}
     for line in text.splitlines():
         key, sep, value = line.partition(":")
-        if sep:
+        if sep and (keys is None or key in keys):
             fields[key] = value.strip()
+            if keys is not None and len(fields) == len(keys):
+                break
     return fields
+
+
+_RESOLVE_KEYS = frozenset(("Name", "State", "NSpid"))
 
 
 def parse_io(text: str) -> IoCounters | None:
@@ -347,7 +354,7 @@ class PidResolver:
         status_text = _read(f"{self.proc_root}/{host_pid}/status")
         if status_text is None:
             return PidResolution(host_pid, None, False, None, None, "", f"PID {host_pid} no longer exists")
-        status = parse_status(status_text)
+        status = parse_status(status_text, _RESOLVE_KEYS)
         ns = [int(v) for v in status.get("NSpid", "").split() if v.isdigit()]
         state = (status.get("State", "?") or "?")[:1]
         return PidResolution(host_pid, host_pid, True, state, ns[-1] if len(ns) > 1 else None,

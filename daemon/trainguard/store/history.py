@@ -78,8 +78,11 @@ class _Series:
             self.coarse_n.append(1)
 
     def points(self, since: float) -> list[tuple[float, float]]:
-        out = [(t, v) for t, v in zip(self.coarse_ts, self.coarse_v) if t >= since]
-        out.extend((t, v) for t, v in zip(self.fine_ts, self.fine_v) if t >= since)
+        # Bisected: a carried fit reads only the few samples since its last full fit.
+        lo = bisect.bisect_left(self.coarse_ts, since)
+        out = list(zip(self.coarse_ts[lo:], self.coarse_v[lo:]))
+        lo = bisect.bisect_left(self.fine_ts, since)
+        out.extend(zip(self.fine_ts[lo:], self.fine_v[lo:]))
         return out
 
     def last(self) -> tuple[float, float] | None:

@@ -1,0 +1,223 @@
+"""Forecast score on many seeded traces per family (bench/trace_families.py), beside predict_linear.
+
+    PYTHONPATH=daemon python bench/forecast_holdout.py --seeds 1:20          # development range
+    PYTHONPATH=daemon python bench/forecast_holdout.py --hold-out [--per-family 20]
+
+Seeds below 1000001 are for development. A hold-out range is run once with the final code and then counts
+as seen: 1000001-20 and 2000001-20 were; the README reports 3000001-20 and 4000001-20
+(`--seeds 3000001:3000020`). Each trace is fed, 10 s
+sample by 10 s sample with the wall-clock stamps the daemon would write (restarts leave gaps, clock steps
+move the stamps), through the daemon's History and the daemon's own fit and alert rule
+(detectors.forecast.follow_trend and level, default [forecast]), evaluated every --every seconds; a
+restart forgets the incremental fit but not the alert state (both as the daemon does).
+
+Score:
+- never-filling families: false alert episodes per 1,000 h judged (from one window of history on);
+- filling families: the least lead (first warning of the episode firing at the end, to full), and the
+  ETA error at the evaluations 5.5-6.5 h before full (median and worst, per cent).
+predict_linear is the rule `predict_linear(avail[6h], 6*3600) < 0` (Prometheus' least squares over the
+range's samples, intercept at the evaluation time) on the same samples.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import logging
+import math
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(HERE, "..", "daemon"), HERE]
+
+import trace_families as tf  # noqa: E402
+from trainguard.config import Forecast  # noqa: E402
+from trainguard.detectors.forecast import follow_trend, level  # noqa: E402
+from trainguard.store.history import History  # noqa: E402
+
+H = 3600.0
+CFG = Forecast()
+HOLD_OUT = 1_000_001
+NAME = "fs.avail_bytes:/data"
+
+
+def run_trainguard(trace: tf.Trace, times: list[float]) -> list[tuple[bool, float | None]]:
+    """(alerting, eta) at each true evaluation time, through the daemon's History and incremental fit."""
+    out, active, fit = [], None, None
+    history = History(None, window=CFG.window)
+    samples = trace.samples()
+    pending = next(samples, None)
+    was_down = False
+    for now in times:
+        wall = now
+        while pending is not None and pending[0] <= now:
+            t, wall_t, value = pending
+            history.record(wall_t, {NAME: value})
+            wall = wall_t
+            pending = next(samples, None)
+        down = any(a <= now < b for a, b in trace.gaps)
+        if down:
+            out.append((False, None))  # the daemon is not running: it alerts nothing
+            was_down = True
+            continue
+        if was_down:
+            fit, was_down = None, False  # a restarted daemon starts without its in-memory fit
+        last = history.latest(NAME)
+        if last is None:
+            out.append((False, None))
+            continue
+        wall = last[0]
+        trend, fit = follow_trend(fit, lambda since: history.points(NAME, since), trace.size, wall, CFG)
+        alert = level(trend, CFG, active)
+        active = alert[0] if alert else None
+        out.append((alert is not None, trend.eta if trend else None))
+    return out
+
+
+class Promql:
+    """predict_linear over (now - 6 h, now] from prefix sums of the samples (exact least squares)."""
+
+    def __init__(self, trace: tf.Trace):
+        pts, last = [], -math.inf
+        for _, wall, value in trace.samples():
+            if wall > last:  # Prometheus rejects out-of-order samples
+                pts.append((wall, value))
+                last = wall
+        self.ts = [t for t, _ in pts]
+        self.t0, self.v0 = pts[0]
+        self.sums = [(0.0, 0.0, 0.0, 0.0, 0.0)]
+        for t, v in pts:
+            x, y = t - self.t0, v - self.v0
+            s = self.sums[-1]
+            self.sums.append((s[0] + 1, s[1] + x, s[2] + y, s[3] + x * y, s[4] + x * x))
+
+    def eval(self, now: float) -> float | None:
+        """ETA in seconds from now, or None (not filling); the rule fires when it is under 6 h."""
+        lo = bisect.bisect_right(self.ts, now - CFG.window)
+        hi = bisect.bisect_right(self.ts, now)
+        n, sx, sy, sxy, sx2 = (b - a for a, b in zip(self.sums[lo], self.sums[hi]))
+        if n < 2:
+            return None
+        var = sx2 - sx * sx / n
+        if var <= 0:
+            return None
+        slope = (sxy - sx * sy / n) / var
+        x_now = now - self.t0
+        at_now = sy / n + slope * (x_now - sx / n) + self.v0
+        return at_now / -slope if slope < 0 else None
+
+
+def run_promql(trace: tf.Trace, times: list[float]) -> list[tuple[bool, float | None]]:
+    prom = Promql(trace)
+    out = []
+    for now in times:
+        eta = prom.eval(now)
+        out.append((eta is not None and eta < CFG.warning, eta))
+    return out
+
+
+METHODS = {"trainguard": run_trainguard, "predict_linear": run_promql}
+
+
+def episodes(run) -> int:
+    return sum(1 for k, (on, _) in enumerate(run) if on and (k == 0 or not run[k - 1][0]))
+
+
+def lead(run, times, full_at: float) -> float:
+    if not run or not run[-1][0]:
+        return 0.0
+    k = len(run) - 1
+    while k > 0 and run[k - 1][0]:
+        k -= 1
+    return full_at - times[k]
+
+
+def score_family(family: str, seeds, every: float, verbose: bool) -> dict:
+    rows = {m: {"episodes": 0, "hours": 0.0, "lead": [], "err": [], "bad": []} for m in METHODS}
+    for seed in seeds:
+        trace = tf.draw(family, seed)
+        if trace.full_at is not None:
+            end = trace.full_at
+            times = [every * k for k in range(1, int(end // every) + 1)]
+            # every 10 s around the moment a warning is due, so the lead is not rounded to `every`
+            times = sorted(set(times) | {end - 6.4 * H + 10.0 * k for k in range(int(0.8 * H / 10))})
+        else:
+            end = trace.hours * H - tf.STEP
+            times = [every * k for k in range(1, int(end // every) + 1)]
+        for method, fn in METHODS.items():
+            run = fn(trace, times)
+            row = rows[method]
+            if trace.full_at is None:
+                judged = [(on, eta) for (on, eta), t in zip(run, times) if t >= trace.judge_from]
+                count = episodes(judged)
+                row["episodes"] += count
+                row["hours"] += (end - trace.judge_from) / H
+                if count:
+                    row["bad"].append(seed)
+            else:
+                row["lead"].append(lead(run, times, trace.full_at))
+                if row["lead"][-1] < 6 * H:
+                    row["bad"].append(seed)
+                for (on, eta), t in zip(run, times):
+                    left = trace.full_at - t
+                    if 5.5 * H <= left <= 6.5 * H and t % every == 0:
+                        row["err"].append(math.inf if eta is None else abs(eta - left) / left * 100)
+        if verbose:
+            got = rows["trainguard"]
+            what = hm(got["lead"][-1]) if trace.full_at is not None else f"{got['episodes']} episodes so far"
+            print(f"  {family} seed {seed}: {what}; {trace.params}", file=sys.stderr)
+    return rows
+
+
+def hm(seconds: float) -> str:
+    return f"{int(seconds // H)} h {int(seconds % H // 60):02d} min"
+
+
+def pct(errs) -> str:
+    if not errs:
+        return "-"
+    worst = max(errs)
+    return f"{statistics.median(errs):.1f} % / {'never' if math.isinf(worst) else f'{worst:.1f} %'}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seeds", default="1:20", help="first:last seed (development range)")
+    ap.add_argument("--hold-out", action="store_true", help=f"seeds from {HOLD_OUT}, never used in development")
+    ap.add_argument("--per-family", type=int, default=20, help="traces per family with --hold-out")
+    ap.add_argument("--every", type=float, default=10.0, help="seconds between evaluations (the daemon: 10)")
+    ap.add_argument("--family", action="append", help="only these families (repeatable)")
+    ap.add_argument("--verbose", action="store_true")
+    args = ap.parse_args()
+    logging.getLogger("trainguard.store.history").setLevel(logging.ERROR)  # clock steps are the point here
+    if args.hold_out:
+        seeds = range(HOLD_OUT, HOLD_OUT + args.per_family)
+    else:
+        first, last = (int(x) for x in args.seeds.split(":"))
+        seeds = range(first, last + 1)
+    started = time.monotonic()
+    print(f"seeds {seeds.start}..{seeds.stop - 1} ({len(seeds)} per family), 10 s samples, evaluated every "
+          f"{args.every:.0f} s, default [forecast]\n")
+    print("| family | trainguard | predict_linear | seeds that failed (trainguard) |")
+    print("| --- | --- | --- | --- |")
+    for family in args.family or tf.FAMILIES:
+        rows = score_family(family, seeds, args.every, args.verbose)
+        cells = []
+        for method in METHODS:
+            row = rows[method]
+            if family in tf.NEVER:
+                per_1000 = row["episodes"] / row["hours"] * 1000
+                cells.append(f"{per_1000:.1f} false episodes / 1,000 h ({row['episodes']} in {row['hours']:.0f} h)")
+            else:
+                cells.append(f"least lead {hm(min(row['lead']))}; ETA error {pct(row['err'])}")
+        print(f"| {family} | {cells[0]} | {cells[1]} | {' '.join(map(str, rows['trainguard']['bad'])) or '-'} |",
+              flush=True)
+    print(f"\n({time.monotonic() - started:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

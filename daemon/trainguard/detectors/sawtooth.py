@@ -1,0 +1,147 @@
+"""A cleanup saw-tooth (GC at a high-water mark, a cron job, a trainer keeping its last checkpoints),
+learned from its cycles, and forecast as "the next low".
+
+Each cleanup seen is a `Cycle`: when it came, the free space just before it (its low) and what it
+freed. The cycles of the fit window are merged with those learned before (plain data the caller passes
+back in, kept for `MEMORY` seconds), so a saw-tooth whose period is a large part of the window still has
+enough cycles for its period, the scatter of its lows and their drift.
+
+What a GC that keeps coming means for the forecast:
+- the next cleanup is expected one period after the last (`next_in`); if it does not come, the disk is
+  full after `latest / gross` (`eta_without`): both go into the alert text;
+- the lows hold (within their own scatter): the disk is never forecast full while the next cleanup is
+  still due, by its level (the disk is above the lowest low, less the scatter) or by its time (within
+  the longest period seen); a cleanup missed by both is counted on no more;
+- the lows go down across cycles by more than their scatter explains: the saw-tooth is run forward and
+  the ETA is the moment the low before some cleanup reaches zero; it warns only when that low is
+  within the warning lead.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+MEMORY = 24 * 3600.0  # cycles are remembered this long (as long as a day of checkpoints or rotations)
+MAX_CYCLES = 16
+LATE = 1.5  # a cleanup this many longest-periods late, with the disk below its lows, has stopped
+JITTER_OF_FREED = 0.3  # lows scatter at least this share of what a cleanup frees (its trigger jitters)
+
+
+@dataclass(frozen=True, slots=True)
+class Cycle:
+    ts: float  # when the cleanup came (its last rising sample)
+    low: float  # free bytes just before it
+    freed: float  # bytes it gave back
+
+
+@dataclass(frozen=True, slots=True)
+class NextLow:
+    eta: float | None  # seconds to full with the cleanups coming as learned; None: they keep up
+    next_in: float  # seconds until the next cleanup is expected (0: due now)
+    eta_without: float  # seconds to full if it does not come
+    every: float  # median period
+    frees: float  # median bytes freed
+    low: float  # the lowest low seen (keeping up), bytes free
+    stopped: bool = False  # missed by level and time: counted on no more
+    error: float = 0.0  # relative standard error of eta (the lows' slope)
+
+
+def merge(known: Sequence[Cycle], seen: Sequence[Cycle], now: float) -> tuple[Cycle, ...]:
+    """The cycles to judge by: those the window shows, and those learned before the first of them (one
+    the window has just cut into is no longer seen whole, but was), at most MEMORY old and not later
+    than now (after a clock step back they are forgotten)."""
+    # A cleanup's time moves by up to a history bucket when its samples are averaged: 5 min apart is
+    # another cleanup.
+    cutoff = seen[0].ts - 300.0 if seen else now
+    older = [c for c in known if c.ts < cutoff and now - MEMORY <= c.ts <= now]
+    return tuple((older + list(seen))[-MAX_CYCLES:])
+
+
+def _drift(cycles: Sequence[Cycle]) -> tuple[float, float]:
+    """(slope of the lows in bytes/s, their scatter around it: max - min of the residuals)."""
+    slope = _theil_sen([(c.ts, c.low) for c in cycles]) if len(cycles) >= 3 else 0.0
+    residuals = [c.low - slope * (c.ts - cycles[0].ts) for c in cycles]
+    return slope, max(residuals) - min(residuals)
+
+
+def _scatter(cycles: Sequence[Cycle], spread: float, size: float, largest_write: float) -> float:
+    freed = statistics.median(c.freed for c in cycles)
+    return max(size * 0.005, spread, largest_write, JITTER_OF_FREED * freed)
+
+
+def _loss(cycles: Sequence[Cycle], every: float, slope: float, scatter: float) -> float:
+    """Bytes the lows lose per period when they go down by more than their scatter; 0 when they hold."""
+    if len(cycles) < 3:
+        return 0.0
+    decline = -slope * (cycles[-1].ts - cycles[0].ts)
+    return -slope * every if decline > 2 * scatter else 0.0
+
+
+def _theil_sen(pts: Sequence[tuple[float, float]]) -> float:
+    slopes = [(v2 - v1) / (t2 - t1) for i, (t1, v1) in enumerate(pts) for t2, v2 in pts[i + 1:] if t2 > t1]
+    return statistics.median(slopes) if slopes else 0.0
+
+
+def run_forward(avail: float, gross: float, loss: float, first_in: float, period: float) -> float | None:
+    """Seconds until free space reaches 0 filling at `gross` bytes/s, with cleanups `first_in` seconds
+    from now and then every `period` seconds that leave the disk `loss` bytes lower each period;
+    None when the cleanups keep up."""
+    if avail <= gross * first_in:
+        return avail / gross  # full before the next cleanup
+    if loss <= 0:
+        return None
+    freed = gross * period - loss
+    level = avail - gross * first_in + freed  # just after the next cleanup
+    # The lowest point of each period is just before its cleanup: the first period whose low reaches 0.
+    k = max(0, math.ceil((level - gross * period) / loss))
+    return first_in + k * period + (level - k * loss) / gross
+
+
+def next_low(cycles: Sequence[Cycle], latest: float, gross: float, size: float, largest_write: float,
+             now: float) -> NextLow:
+    """The forecast of a saw-tooth with at least two cycles, filling at `gross` bytes/s between them."""
+    periods = [b.ts - a.ts for a, b in zip(cycles, cycles[1:])]
+    every, longest = statistics.median(periods), max(periods)
+    frees = statistics.median(c.freed for c in cycles)
+    slope, spread = _drift(cycles)
+    scatter = _scatter(cycles, spread, size, largest_write)
+    last = cycles[-1].ts
+    next_in = max(last + every - now, 0.0)
+    eta_without = latest / gross
+    floor = min(c.low for c in cycles) - scatter  # below this the level that brings a cleanup is passed
+    due_by = last + LATE * longest  # after this its time is passed
+    below = latest < floor
+    if below and (now >= due_by or now + eta_without < last + longest):
+        # Neither its level nor its time brought the cleanup (or the disk is full before even its
+        # latest time): it may have stopped, so count on none.
+        return NextLow(eta_without, next_in, eta_without, every, frees, floor + scatter, stopped=True)
+    loss = _loss(cycles, every, slope, scatter)
+    if loss > 0:
+        # Run forward at the pace the cycles balance to (what each frees, and what the lows lose, over
+        # the mean period): over many cycles it is closer than the fit of the window between cleanups.
+        mean_every = (cycles[-1].ts - cycles[0].ts) / (len(cycles) - 1)
+        gross = statistics.fmean(c.freed for c in cycles[1:]) / mean_every - slope
+    eta = run_forward(latest, gross, loss, next_in, every) if loss > 0 else None
+    return NextLow(eta, next_in, eta_without, every, frees, min(c.low for c in cycles),
+                   error=_eta_error(cycles, slope, loss, eta / every) if eta is not None else 0.0)
+
+
+def _eta_error(cycles: Sequence[Cycle], slope: float, loss: float, periods: float) -> float:
+    """Relative standard error of an ETA run forward on the lows: that of their slope (their scatter
+    around the line, over how far apart in time they are), and that of the cycles still to come (each
+    low scatters as much again, and the one that reaches zero is `periods` cycles away)."""
+    n = len(cycles)
+    if n < 3 or slope >= 0 or loss <= 0:
+        return 0.0
+    t0 = cycles[0].ts
+    residuals = [c.low - cycles[0].low - slope * (c.ts - t0) for c in cycles]
+    mid = statistics.fmean(residuals)
+    sd = math.sqrt(sum((r - mid) ** 2 for r in residuals) / (n - 2))
+    times = [c.ts for c in cycles]
+    spread = math.sqrt(sum((t - statistics.fmean(times)) ** 2 for t in times))
+    of_slope = sd / spread / -slope if spread > 0 else 0.0
+    to_come = sd / (loss * math.sqrt(max(periods, 1.0)))
+    return min(math.hypot(of_slope, to_come), 0.5)

@@ -1,0 +1,46 @@
+"""Checkpoint staircases in the pure fill trend: steps seen through noise, and the ETA's stated error."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from trainguard.detectors.trend import fill_trend, steps
+
+GB = 1e9
+SIZE = 1000 * GB
+
+
+def staircase(n: int, every: float = 3600.0, nbytes: float = 20 * GB, blip_in_last: bool = False,
+              scatter: float = 0.0, seed: int = 1) -> list[tuple[float, float]]:
+    """10 s samples; a 100 s write of `nbytes` every `every` seconds, n of them, then 10 min of quiet."""
+    rng = random.Random(seed)
+    pts, avail, t = [], 500 * GB, 0.0
+    starts = [every * (k + 0.5) * (1 + rng.uniform(-scatter, scatter) / (k + 1)) for k in range(n)]
+    sizes = [nbytes * (1 + rng.uniform(-scatter, scatter)) for _ in range(n)]
+    end = starts[-1] + 700
+    while t <= end:
+        for k, s in enumerate(starts):
+            if s <= t < s + 100:
+                avail -= sizes[k] / 10
+                if blip_in_last and k == n - 1 and t == s + 50:
+                    avail += sizes[k] / 10 + 0.1 * GB  # one sample the other way in the middle of the write
+        pts.append((t, avail))
+        t += 10.0
+    return pts
+
+
+def test_a_write_cut_in_two_by_one_sample_is_one_step():
+    found, _ = steps(staircase(5, blip_in_last=True), SIZE)
+    assert len(found) == 5
+    # What it fell over its whole length: 20 GB, less the share of the sample that went the other way.
+    assert found[-1].nbytes == pytest.approx(17.9 * GB, rel=0.02)
+
+
+def test_the_eta_error_of_a_few_steps_is_wider_than_of_many():
+    """The same scatter of sizes and intervals: four steps learned leave the ETA less certain than
+    eleven, by more than the square root of their number alone (Student's t)."""
+    few = fill_trend(staircase(4, every=3000.0, scatter=0.08), SIZE, 4 * 3000.0, 6 * 3600.0, 1800.0)
+    many = fill_trend(staircase(11, every=1000.0, scatter=0.08), SIZE, 11 * 1000.0, 6 * 3600.0, 1800.0)
+    assert few is not None and many is not None and few.eta_error > 0 and many.eta_error > 0
+    assert few.eta_error > many.eta_error * (10 / 3) ** 0.5
