@@ -109,6 +109,11 @@ def _read(path: str) -> str | None:
         return None
 
 
+def read_text(proc_root: str, pid: int, name: str) -> str | None:
+    """/proc/PID/<name> as text; None when the process is gone or the file cannot be read."""
+    return _read(f"{proc_root}/{pid}/{name}")
+
+
 def parse_status(text: str, keys: frozenset[str] | None = None) -> dict[str, str]:
     """The fields of /proc/PID/status; with `keys`, only those, read until all are found (they come
     in the first lines, and the rest of the file is most of the work)."""
