@@ -143,6 +143,42 @@ def test_blocked_statfs_is_reported_unresponsive_not_restarted_and_recovers():
     assert jfs.responsive and jfs.usage is not None and jfs.unresponsive_since is None
 
 
+def test_a_local_mount_that_blocks_the_shared_probe_gets_its_own_and_the_others_go_on():
+    """Healthy local mounts share one probe thread; the one it gets stuck on is left to that thread
+    and probed on its own from then on, the others go to a new one: no cycle waits for it."""
+    host = FakeHost(mount("/"), mount("/a", "ext4", 2), mount("/b", "xfs", 3))
+    sampler = sampler_for(host)
+    sampler.sample()
+    host.block("/a")
+    started = time.monotonic()
+    sampler.sample()
+    assert time.monotonic() - started < 0.2 + 0.15, "a cycle waits at most `wait` for its probes"
+    assert host.entered["/a"].wait(5)
+
+    time.sleep(0.45)  # past the 0.4 s probe timeout
+    host.results["/b"] = statvfs_result(bavail=7)
+    started = time.monotonic()
+    got = by_mp(sampler.sample()[0])
+    assert time.monotonic() - started < 0.15, "the stuck mount is not waited for"
+    assert not got["/a"].responsive and got["/a"].usage is not None
+    assert got["/"].responsive and got["/b"].responsive
+    assert got["/b"].usage.avail_bytes == 7 * 4096, "the mounts it had not reached are probed afresh"
+    for _ in range(3):
+        got = by_mp(sampler.sample()[0])
+    assert host.calls["/a"] == 2, "the stuck probe is never started again"
+    assert not got["/a"].responsive and got["/b"].responsive
+
+    host.release("/a")
+    deadline = time.monotonic() + 5
+    while not by_mp(sampler.sample()[0])["/a"].responsive and time.monotonic() < deadline:
+        time.sleep(0.01)
+    host.results["/a"] = statvfs_result(bavail=5)
+    deadline = time.monotonic() + 5
+    while (a := by_mp(sampler.sample()[0])["/a"]).usage.avail_bytes != 5 * 4096 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert a.responsive and a.usage.avail_bytes == 5 * 4096, "recovered, and probed again (on its own)"
+
+
 def test_first_probe_blocked_reports_nothing_until_the_timeout():
     host = FakeHost(mount("/nfs", "nfs4", 3, MountKind.NETWORK))
     host.block("/nfs")

@@ -158,3 +158,20 @@ def test_every_family_says_what_it_measures():
     assert len(families) > 20
     for family in families:
         assert len(family.documentation.split()) >= 2, family.name
+
+
+def test_memory_health_counters_are_read_once_a_minute_and_follow_a_change():
+    """ECC, retired pages and row remapping change over days: read every 60 s, not every cycle."""
+    clock = FakeClock()
+    nvml = fake_pynvml.FakeNvml({"gpus": [gpu_spec([{"at": 0, "ecc_uncorrected": 0},
+                                                    {"at": 45, "ecc_uncorrected": 3}])]}, clock=clock)
+    sampler = GpuSampler(nvml, clock=clock, host_pid_view=True, xid_events=False)
+    try:
+        seen = []
+        for _ in range(8):  # 0 .. 70 s at 10 s
+            seen.append(sampler.sample().gpus[0].ecc_uncorrected)
+            clock.advance(10)
+    finally:
+        sampler.close()
+    assert nvml.calls["nvmlDeviceGetRemappedRows"] == 2, "read at 0 s and at 60 s"
+    assert seen == [0] * 6 + [3, 3], "the change at 45 s is read at the next minute"

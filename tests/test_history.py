@@ -205,3 +205,26 @@ def test_memory_window_covers_the_longest_gpu_detector_window():
                                    "overrides": [{"match": "1", "for": "30m"}]}}, "test")
     history = History.from_config(None, cfg, now=0.0)
     assert history.window == 6 * 30 * 60  # a firing stall on GPU 1 looks back 6 x its 30 min `for`
+
+
+def test_a_database_keyed_series_first_is_rewritten_time_first_with_every_row(tmp_path):
+    """Rows are keyed (ts, series): a cycle's writes land on one or two pages. A database written by a
+    version that keyed them (series, ts) is rewritten on start, keeping its history."""
+    conn = StateDb(str(tmp_path)).connect()
+    conn.executescript("""
+        CREATE TABLE series (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
+        CREATE TABLE samples (series_id INTEGER NOT NULL, ts REAL NOT NULL, value REAL NOT NULL,
+            PRIMARY KEY (series_id, ts)) WITHOUT ROWID;
+        CREATE TABLE rollups (series_id INTEGER NOT NULL, ts REAL NOT NULL, value REAL NOT NULL,
+            PRIMARY KEY (series_id, ts)) WITHOUT ROWID;
+        INSERT INTO series VALUES (1, 'a'), (2, 'b');""")
+    conn.executemany("INSERT INTO samples VALUES (?, ?, ?)", [(i, T0 + 10 * k, k) for i in (1, 2) for k in range(50)])
+    conn.execute("INSERT INTO rollups VALUES (1, ?, 7.0)", (T0 - 600,))
+    h = History(conn, now=T0 + 500)
+    for table in ("samples", "rollups"):
+        key = sorted((pk, name) for _, name, *_, pk in conn.execute(f"PRAGMA table_info({table})") if pk)
+        assert [name for _, name in key] == ["ts", "series_id"]
+    assert conn.execute("SELECT COUNT(*) FROM samples").fetchone()[0] == 100
+    assert h.points("b", 0)[-1] == (T0 + 490, 49.0) and h.points("a", 0)[0] == (T0 - 600, 7.0)
+    h.record(T0 + 500, {"a": 1.0, "c": 2.0})
+    assert History(StateDb(str(tmp_path)).connect(), now=T0 + 510).latest("c") == (T0 + 500, 2.0)

@@ -13,8 +13,10 @@ from trainguard.diagnosis.model import FileView
 from trainguard.diagnosis.threads import remote_fd_flags, remote_files
 from trainguard.diagnosis.verdict import EN, MIRROR_HINT, short_command
 from trainguard.diagnosis.words import owner_text
-from trainguard.records import Finding, FsSample, Severity
+from trainguard.records import Finding, FsSample, MountKind, Severity
 from trainguard.sources import procs
+from trainguard.sources.mounts import parse_mountinfo
+from trainguard.sources.owner import read_owner
 
 RISKY_CATEGORIES = ("tfevents", "checkpoint", "log")
 _WHAT = {"tfevents": "TensorBoard events", "checkpoint": "a checkpoint", "log": "a log"}
@@ -32,13 +34,23 @@ class GpuProcessRef:
 def risky_files(proc_root: str, pid: int, probes: Sequence[FsSample],
                 now: float) -> tuple[str, list[FileView], dict[str, Any]]:
     """(command line, its files on network/FUSE mounts that it holds open for writing and that are risky,
-    its owner's known fields)."""
-    info = procs.inspect_process(proc_root, pid)
-    if info is None:
+    its owner's known fields). Only what the check needs is read, each part only when the last one
+    found something: the process's mount table, its open files when it sees a network/FUSE mount, its
+    command line and owner when it writes a risky file there. (The stall inspection, which reads every
+    thread too, cost 16 ms per scan of 32 GPU processes: a quarter of the cycle's CPU.)"""
+    mounts = tuple(parse_mountinfo(procs.read_text(proc_root, pid, "mountinfo") or ""))
+    if all(m.kind is MountKind.LOCAL for m in mounts):
+        return "", [], {}  # gone, or nothing but local disks in its view
+    info = procs.ProcessInfo(pid=pid, name="", state="?", cmdline=(), container_id=None, threads=(), io=None,
+                             fds=procs.read_fds(proc_root, pid), mounts=mounts)
+    files = [f for f in remote_files(info, probes, now, remote_fd_flags(proc_root, info))
+             if f.writing and f.category in RISKY_CATEGORIES]
+    if not files:
         return "", [], {}
-    files = remote_files(info, probes, now, remote_fd_flags(proc_root, info))
-    return (" ".join(info.cmdline) or info.name, [f for f in files if f.writing and f.category in RISKY_CATEGORIES],
-            info.owner.to_dict())
+    cmdline = " ".join(procs.read_cmdline(proc_root, pid))
+    if not cmdline:
+        cmdline = procs.parse_status(procs.read_text(proc_root, pid, "status") or "").get("Name", "")
+    return cmdline, files, read_owner(proc_root, pid).to_dict()
 
 
 def _finding(ref: GpuProcessRef, cmdline: str, mount_point: str, files: list[FileView],

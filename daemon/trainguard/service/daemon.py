@@ -86,8 +86,11 @@ class Daemon:
         self.readings: Readings | None = None
         self.metrics: MetricsServer | None = None
         self._ready_sent = False
-        self.stop_event = threading.Event()
-        self.reload_event = threading.Event()
+        # Either one also wakes the wait between cycles, which then sleeps until the next tick in one
+        # go: waking every 0.5 s to look at them cost more CPU than the cycles (0.1-0.25 ms a wake-up).
+        self._wake = threading.Event()
+        self.stop_event = _Waking(self._wake)
+        self.reload_event = _Waking(self._wake)
         self._last_compact = float("-inf")  # compact on the first cycle: a daemon restarted often still does
         self.cleanup_notes = CleanupNotes()
         self.cleanup = start_cleanup(cfg, self.db.connect, self.clock)
@@ -287,7 +290,8 @@ class Daemon:
             left = deadline - self.clock.monotonic()
             if left <= 0:
                 return
-            self.stop_event.wait(min(left, 0.5))
+            self._wake.wait(left)  # a signal handler runs meanwhile (PEP 475) and may set one of them
+            self._wake.clear()  # then the loop looks at both again
 
     def close(self) -> None:
         self.sd.stopping()
@@ -321,6 +325,18 @@ class Daemon:
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGHUP, reload)
+
+
+class _Waking(threading.Event):
+    """An Event whose set() also sets `wake`: the daemon waits on that one for stop and reload both."""
+
+    def __init__(self, wake: threading.Event):
+        super().__init__()
+        self._wake = wake
+
+    def set(self) -> None:
+        super().set()
+        self._wake.set()
 
 
 def watched_mounts(snapshot: Snapshot) -> str:

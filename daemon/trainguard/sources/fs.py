@@ -1,8 +1,9 @@
 """Filesystem usage via statvfs, probed so that a hung mount never hangs the daemon.
 
-statvfs on a dead NFS or FUSE mount blocks in the kernel, possibly forever. Each
-mount gets its own probe thread, which probes once per cycle on request; the cycle
-waits a short, bounded time for the answers. A probe that has not returned is never started again (no thread
+statvfs on a dead NFS or FUSE mount blocks in the kernel, possibly forever. Probes run
+in threads kept between cycles (sources.prober): one for all healthy local mounts in turn,
+one of its own for each network or FUSE mount and for a local mount that was found slow;
+the cycle waits a short, bounded time for the answers. A probe that has not returned is never started again (no thread
 pile-up): the mount keeps its last usage, and once the probe is older than
 `timeout` the mount is reported unresponsive with how long. It recovers when the
 probe finally returns.
@@ -13,7 +14,7 @@ FUSE request has reached its (hung) server, the kernel makes the calling thread
 wait it out even through SIGKILL, and a process cannot finish exiting while one
 of its threads waits: a `trainguard status` or a daemon stopping would hang with
 the mount. A stuck child is left behind instead, and ends when the kernel lets it.
-Local filesystems answer statfs from memory and are probed in the thread.
+Local filesystems answer statfs from memory and are probed in a thread.
 
 Probe children are tracked by PID. close() (every command calls it on its way out)
 SIGKILLs and reaps the ones still running, so no command leaves a child behind on a
@@ -33,12 +34,12 @@ import signal
 import subprocess
 import threading
 import time
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from trainguard.clock import Clock
 from trainguard.records import FsSample, FsUsage, Mount, MountKind
 from trainguard.sources import mounts as mountinfo
+from trainguard.sources.prober import Batch, MountProbe, ProbeFn, ProbeResult, Round
 
 log = logging.getLogger(__name__)
 
@@ -54,16 +55,6 @@ def usage_from_statvfs(st: os.statvfs_result) -> FsUsage:
     return usage_from_counts(st.f_frsize or st.f_bsize, st.f_blocks, st.f_bfree, st.f_bavail, st.f_files, st.f_ffree)
 
 
-@dataclass
-class _ProbeResult:
-    usage: FsUsage | None
-    error: str | None
-    missing: tuple[str, ...]
-
-
-ProbeFn = Callable[[Mount, Sequence[str]], _ProbeResult]
-
-
 def _os_error(exc: OSError) -> str:
     return f"{exc.strerror or exc} (errno {exc.errno})"
 
@@ -77,12 +68,12 @@ def thread_probe(statvfs: Callable[[str], os.statvfs_result] = os.statvfs,
     """statvfs and the configured paths' existence, in the calling (probe) thread.
     reach maps a host path to the path to open here (a sidecar's host_root prefix)."""
 
-    def probe(mount: Mount, paths: Sequence[str]) -> _ProbeResult:
+    def probe(mount: Mount, paths: Sequence[str]) -> ProbeResult:
         try:
             usage = usage_from_statvfs(statvfs(reach(mount.mount_point)))
         except OSError as exc:
-            return _ProbeResult(None, _os_error(exc), ())
-        return _ProbeResult(usage, None, tuple(p for p in paths if _missing(reach(p))))
+            return ProbeResult(None, _os_error(exc), ())
+        return ProbeResult(usage, None, tuple(p for p in paths if _missing(reach(p))))
 
     return probe
 
@@ -153,13 +144,13 @@ def child_probe(stat: str, reach: Callable[[str], str] = _as_is, children: Child
     hangs, and this process stays free to exit. A path is missing when stat could not reach it."""
     children = children if children is not None else Children()
 
-    def probe(mount: Mount, paths: Sequence[str]) -> _ProbeResult:
+    def probe(mount: Mount, paths: Sequence[str]) -> ProbeResult:
         here = reach(mount.mount_point)
         try:
             stdout, stderr, returncode = children.run(
                 [stat, "-f", "-c", STAT_FORMAT, "--", here, *(reach(p) for p in paths)], mount)
         except OSError as exc:
-            return _ProbeResult(None, f"cannot run {stat}: {_os_error(exc)}", ())
+            return ProbeResult(None, f"cannot run {stat}: {_os_error(exc)}", ())
         answered: dict[str, FsUsage] = {}
         for line in stdout.decode("utf-8", "surrogateescape").splitlines():
             fields = line.split(" ", 6)
@@ -175,79 +166,14 @@ def child_probe(stat: str, reach: Callable[[str], str] = _as_is, children: Child
             message = stderr.decode("utf-8", "replace").strip().splitlines()
             reason = message[0].rsplit(": ", 1)[-1] if message else f"stat exited {returncode}"
             code = _ERRNO_OF_MESSAGE.get(reason)
-            return _ProbeResult(None, f"{reason} (errno {code})" if code else reason, ())
-        return _ProbeResult(usage, None, tuple(p for p in paths if reach(p) not in answered))
+            return ProbeResult(None, f"{reason} (errno {code})" if code else reason, ())
+        return ProbeResult(usage, None, tuple(p for p in paths if reach(p) not in answered))
 
     return probe
 
 
 def _remote(mount: Mount) -> bool:
     return mount.kind is not MountKind.LOCAL or mount.fstype.startswith("fuse")  # fuseblk is FUSE too
-
-
-class _Probe:
-    """One mount's prober: one thread, kept between cycles, that probes on request. A new request is
-    never made while one is running (no pile-up behind a hung mount); a thread idle for IDLE_EXIT
-    seconds ends (its mount went away), and the next request starts another."""
-
-    IDLE_EXIT = 60.0
-
-    def __init__(self, mount: Mount, probe_fn: ProbeFn):
-        self.mount = mount
-        self.probe_fn = probe_fn
-        self.thread: threading.Thread | None = None
-        self.started_mono = 0.0
-        self.started_wall = 0.0
-        self.last: _ProbeResult | None = None
-        self.done = threading.Event()
-        self._asked = False  # a request was made (done tells whether it was answered)
-        self._go = threading.Event()
-        self._job: tuple | None = None
-        self._lock = threading.Lock()
-
-    @property
-    def busy(self) -> bool:
-        return self._asked and not self.done.is_set()
-
-    def kick(self, mono: float, wall: float, paths: Sequence[str], finished: threading.Condition,
-             waiting: list[int]) -> bool:
-        """Ask for a probe unless one is still running; True when one was asked for. Starting a thread
-        per probe was a fifth of a cycle's CPU with 30 mounts; the thread now waits for the next one."""
-        if self.busy:
-            return False  # still stuck in the kernel: never stack a second request on it
-        self.done = threading.Event()
-        self.started_mono, self.started_wall = mono, wall
-        self._asked = True
-        with self._lock:
-            self._job = (tuple(paths), finished, self.done, waiting)
-            self._go.set()
-            if self.thread is None:
-                self.thread = threading.Thread(target=self._serve, name=f"probe:{self.mount.mount_point}",
-                                               daemon=True)
-                self.thread.start()
-        return True
-
-    def _serve(self) -> None:
-        while True:
-            self._go.wait(self.IDLE_EXIT)
-            with self._lock:
-                if not self._go.is_set():
-                    self.thread = None  # idle: a mount that is no longer watched; a new request starts one
-                    return
-                self._go.clear()
-                paths, finished, done, waiting = self._job
-            result = _ProbeResult(None, "probe ended without an answer", ())
-            try:
-                result = self.probe_fn(self.mount, paths)
-            except Exception as exc:  # noqa: BLE001 - anything else must not leave the probe "busy" forever
-                result = _ProbeResult(None, f"{type(exc).__name__}: {exc}", ())
-            finally:
-                self.last = result
-                with finished:
-                    done.set()
-                    waiting[0] -= 1
-                    if waiting[0] <= 0:  # the cycle wakes once, when the last of its probes is in
-                        finished.notify_all()
 
 
 class FsSampler:
@@ -278,8 +204,10 @@ class FsSampler:
             else:
                 log.warning("no `stat` command (coreutils or busybox): a hung network or FUSE mount "
                             "can keep trainguard from exiting until it recovers")
-        self._probes: dict[str, _Probe] = {}
+        self._probes: dict[str, MountProbe] = {}
         self._finished = threading.Condition()
+        self._batch = Batch(self._now)  # healthy local mounts, probed in turn by one thread
+        self._own: set[str] = set()  # local mounts the batch was found stuck on: each has its own thread
         self._told: set[str] = set()  # mounts we may not read, already said in the log
         self._selected: tuple | None = None  # (mount table, watched, path -> mount point) of the last change
 
@@ -304,35 +232,24 @@ class FsSampler:
         """(one FsSample per watched mount, configured paths that do not exist)."""
         watched, owners = self._selection()
         mono, wall = self.clock.monotonic(), self.clock.time()
-        current: dict[str, _Probe] = {}
+        current: dict[str, MountProbe] = {}
         for mount in watched:
             probe = self._probes.get(mount.mount_point)
             if probe is None or probe.mount != mount:
                 if probe is not None and probe.busy:
                     probe.mount = mount  # remounted while stuck: keep the stuck thread, take the new identity
                 else:
-                    probe = _Probe(mount, self._remote_probe if _remote(mount) else self._local_probe)
+                    probe = MountProbe(mount, self._remote_probe if _remote(mount) else self._local_probe)
             current[mount.mount_point] = probe
         # Vanished mounts are forgotten; a stuck thread of theirs ends whenever the kernel lets it.
         self._probes = current
+        self._own &= set(current)
         paths_of: dict[str, list[str]] = {mp: [] for mp in current}
         for path in self.paths:  # each path is checked by the probe of the mount it lives on
             owner = owners[path]
             if owner is not None and owner in paths_of:
                 paths_of[owner].append(path)
-        # Wait only for the probes started now: one still stuck from an earlier cycle would make every
-        # cycle last `wait` longer while its mount hangs.
-        waiting = [len(current)]  # probes of this cycle not answered yet (the worker threads count down)
-        fresh = [probe for mp, probe in current.items()
-                 if probe.kick(mono, wall, paths_of[mp], self._finished, waiting)]
-        deadline = mono + self.wait
-        with self._finished:
-            waiting[0] -= len(current) - len(fresh)  # those still stuck from before were not asked
-            while waiting[0] > 0:
-                left = deadline - self.clock.monotonic()
-                if left <= 0:
-                    break
-                self._finished.wait(left)
+        self._ask(current, paths_of, mono, wall)
         # Stamped after the wait: a one-off command that waited `timeout` for a hung mount must say it has
         # been stuck that long, not 0 s.
         now_mono, now_wall = self.clock.monotonic(), self.clock.time()
@@ -349,7 +266,38 @@ class FsSampler:
                 missing.extend(probe.last.missing)
         return samples, missing
 
-    def _sample_of(self, probe: _Probe, now_mono: float, wall: float) -> FsSample:
+    def _ask(self, current: dict[str, MountProbe], paths_of: dict[str, list[str]], mono: float,
+             wall: float) -> None:
+        """Ask this cycle's probes (the batch for healthy local mounts, its own thread for any other) and
+        wait for their answers, at most `wait`. Only the probes asked now are waited for: one still stuck
+        from an earlier cycle would make every cycle last `wait` longer while its mount hangs."""
+        if self._batch.running:  # stuck since the last cycle: that mount gets its own thread from now on
+            stuck = self._batch.abandon()
+            if stuck is not None:
+                self._own.add(stuck.mount.mount_point)
+                log.info("statfs of %s has not returned for %.1f s: it is probed on its own from now on",
+                         stuck.mount.mount_point, self.clock.monotonic() - stuck.started_mono)
+            self._batch = Batch(self._now)
+        # (A local mount the last batch had not reached yet when it got stuck is asked again here.)
+        batched = [(p, paths_of[mp]) for mp, p in current.items() if mp not in self._own and not _remote(p.mount)]
+        alone = [mp for mp, p in current.items() if mp in self._own or _remote(p.mount)]
+        round_ = Round(self._finished, len(batched) + len(alone))
+        if batched:
+            self._batch.kick(batched, mono, wall, round_)
+        fresh = sum(current[mp].kick(mono, wall, paths_of[mp], round_) for mp in alone)
+        deadline = mono + self.wait
+        with self._finished:
+            round_.left -= len(alone) - fresh  # those still stuck from before were not asked
+            while round_.left > 0:
+                left = deadline - self.clock.monotonic()
+                if left <= 0:
+                    break
+                self._finished.wait(left)
+
+    def _now(self) -> tuple[float, float]:
+        return self.clock.monotonic(), self.clock.time()
+
+    def _sample_of(self, probe: MountProbe, now_mono: float, wall: float) -> FsSample:
         stuck_for = now_mono - probe.started_mono if probe.busy else 0.0
         last = probe.last
         if probe.busy and stuck_for >= self.timeout:

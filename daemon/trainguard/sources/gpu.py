@@ -84,6 +84,11 @@ def _bool(value: Any) -> bool | None:
     return bool(value) if value is not None else None
 
 
+# ECC, retired-page and row-remap counters change over days and feed only metrics and status: read
+# once a minute, not every cycle (7 of a GPU's 13 NVML calls; dcgm-exporter collects every 30 s).
+HEALTH_EVERY = 60.0
+
+
 class GpuSampler:
     """Samples every GPU each call; keeps NVML state, handles and backoff between calls."""
 
@@ -110,6 +115,7 @@ class GpuSampler:
         self._absent: set[tuple[int, str]] = set()
         self._memory_v2 = True
         self._last_util_ts: dict[int, int] = {}
+        self._health: dict[int, tuple[float, dict[str, Any]]] = {}  # index -> (read at, memory_health)
         self._lost_retry: dict[int, tuple[float, float]] = {}  # index -> (next retry, current delay)
         self._delay = retry_initial
         self._xid: XidListener | None = None
@@ -160,6 +166,7 @@ class GpuSampler:
                 pass
         self._initialised = False
         self._handles.clear()
+        self._health.clear()
 
     def _ensure_init(self) -> bool:
         if self._initialised:
@@ -269,7 +276,10 @@ class GpuSampler:
             procs = q("processes", ("nvmlDeviceGetComputeRunningProcesses",
                                     "nvmlDeviceGetComputeRunningProcesses_v3",
                                     "nvmlDeviceGetComputeRunningProcesses_v2"), handle) or []
-            health = memory_health(q, handle)
+            read = self._health.get(index)
+            if read is None or not 0 <= now - read[0] < HEALTH_EVERY:
+                read = self._health[index] = (now, memory_health(q, handle))
+            health = read[1]
         except Lost as exc:
             self._lost_retry.setdefault(index, (now, self.retry_initial / 2))
             return self._lost_sample(index, now, str(exc))

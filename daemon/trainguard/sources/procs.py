@@ -109,6 +109,25 @@ def _read(path: str) -> str | None:
         return None
 
 
+def _read_small(path: str) -> str | None:
+    """A one-line /proc file in one read (stat: a few hundred bytes), without a buffered file object."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 4096).decode("utf-8", "replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def read_text(proc_root: str, pid: int, name: str) -> str | None:
+    """/proc/PID/<name> as text; None when the process is gone or the file cannot be read."""
+    return _read(f"{proc_root}/{pid}/{name}")
+
+
 def parse_status(text: str, keys: frozenset[str] | None = None) -> dict[str, str]:
     """The fields of /proc/PID/status; with `keys`, only those, read until all are found (they come
     in the first lines, and the rest of the file is most of the work)."""
@@ -122,7 +141,7 @@ def parse_status(text: str, keys: frozenset[str] | None = None) -> dict[str, str
     return fields
 
 
-_RESOLVE_KEYS = frozenset(("Name", "State", "NSpid"))
+_RESOLVE_KEYS = frozenset(("NSpid",))
 
 
 def parse_io(text: str) -> IoCounters | None:
@@ -334,9 +353,15 @@ class PidResolver:
     def __init__(self, proc_root: str = "/proc", host_view: bool | None = None):
         self.proc_root = proc_root
         self.host_view = is_host_pid_view(proc_root) if host_view is None else host_view
+        # (PID, start time) -> its PID in its own namespace: fixed for the life of a process, so the
+        # long status file is read once per process, and each cycle reads only the short stat line.
+        # Bounded: emptied when it outgrows any plausible number of GPU processes.
+        self._ns_pids: dict[tuple[int, str], int | None] = {}
 
     def resolve(self, host_pids: list[int] | tuple[int, ...]) -> dict[int, PidResolution]:
         result: dict[int, PidResolution] = {}
+        if len(self._ns_pids) > 4096:
+            self._ns_pids.clear()
         for host_pid in host_pids:
             if self.host_view:
                 result[host_pid] = self._local(host_pid)
@@ -351,11 +376,17 @@ class PidResolver:
         return result
 
     def _local(self, host_pid: int) -> PidResolution:
-        status_text = _read(f"{self.proc_root}/{host_pid}/status")
-        if status_text is None:
+        stat = _read_small(f"{self.proc_root}/{host_pid}/stat")
+        close = stat.rfind(")") if stat is not None else -1
+        tail = stat[close + 2:].split(" ", 20) if close >= 0 else []
+        if len(tail) < 20:
             return PidResolution(host_pid, None, False, None, None, "", f"PID {host_pid} no longer exists")
-        status = parse_status(status_text, _RESOLVE_KEYS)
-        ns = [int(v) for v in status.get("NSpid", "").split() if v.isdigit()]
-        state = (status.get("State", "?") or "?")[:1]
-        return PidResolution(host_pid, host_pid, True, state, ns[-1] if len(ns) > 1 else None,
-                             status.get("Name", ""), "zombie (exited, not reaped)" if state == "Z" else "")
+        state, key = tail[0], (host_pid, tail[19])
+        if key in self._ns_pids:
+            ns_pid = self._ns_pids[key]
+        else:
+            status = parse_status(_read(f"{self.proc_root}/{host_pid}/status") or "", _RESOLVE_KEYS)
+            ns = [int(v) for v in status.get("NSpid", "").split() if v.isdigit()]
+            ns_pid = self._ns_pids[key] = ns[-1] if len(ns) > 1 else None
+        return PidResolution(host_pid, host_pid, True, state, ns_pid, stat[stat.find("(") + 1:close],
+                             "zombie (exited, not reaped)" if state == "Z" else "")

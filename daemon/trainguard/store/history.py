@@ -20,15 +20,36 @@ from typing import Iterable, Mapping
 
 log = logging.getLogger(__name__)
 
-SCHEMA = """
+# Rows are keyed time first: a cycle's rows all land at the end of one B-tree, a page or two, where a
+# series-first key put each series' new row on a page of its own: 190 series dirtied 190 pages (760 KiB
+# through the WAL) per cycle, 2.3 ms of CPU, 9x the time-first cost. Every read is by time too (the
+# window on start-up, the 24 h use in `status`, roll-ups and pruning).
+POINTS = """(series_id INTEGER NOT NULL, ts REAL NOT NULL, value REAL NOT NULL,
+    PRIMARY KEY (ts, series_id)) WITHOUT ROWID"""
+SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS series (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
-CREATE TABLE IF NOT EXISTS samples (
-    series_id INTEGER NOT NULL, ts REAL NOT NULL, value REAL NOT NULL,
-    PRIMARY KEY (series_id, ts)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS rollups (
-    series_id INTEGER NOT NULL, ts REAL NOT NULL, value REAL NOT NULL,
-    PRIMARY KEY (series_id, ts)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS samples {POINTS};
+CREATE TABLE IF NOT EXISTS rollups {POINTS};
 """
+
+
+def _time_first(conn: sqlite3.Connection) -> None:
+    """Rewrite tables a previous version keyed series first (once; a few seconds for weeks of rows).
+    One that cannot be rewritten now (a full disk) stays as it is: it works, at the old cost."""
+    for table in ("samples", "rollups"):
+        key = [name for _, name, *_rest, pk in conn.execute(f"PRAGMA table_info({table})") if pk == 1]
+        if key != ["series_id"]:
+            continue
+        try:
+            with conn:
+                conn.execute("BEGIN")
+                conn.execute(f"CREATE TABLE {table}_by_time {POINTS}")
+                conn.execute(f"INSERT INTO {table}_by_time SELECT series_id, ts, value FROM {table}")
+                conn.execute(f"DROP TABLE {table}")
+                conn.execute(f"ALTER TABLE {table}_by_time RENAME TO {table}")
+        except sqlite3.Error as exc:
+            log.warning("history table %s keeps its old layout for now (%s): each cycle's write costs more", table,
+                        exc)
 
 
 class _Series:
@@ -120,6 +141,7 @@ class History:
         self._last_ts: float | None = None
         if conn is not None:
             conn.executescript(SCHEMA)
+            _time_first(conn)
             if now is not None:
                 self.load(conn, now)
 

@@ -12,7 +12,7 @@ import logging
 import threading
 from typing import Callable, Mapping
 
-from trainguard.surfaces.pages import serve, with_pages
+from trainguard.surfaces.pages import serve, shut_down, with_pages
 from trainguard.surfaces.readings import Readings
 
 log = logging.getLogger(__name__)
@@ -47,10 +47,6 @@ class MetricsServer:
         log.info("serving metrics on http://%s:%d/metrics", f"[{host}]" if ":" in host else host, self.port)
 
     def stop(self) -> None:
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
-            self._httpd = None
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
+        if self._httpd is not None and self._thread is not None:
+            shut_down(self._httpd, self._thread)
+        self._httpd = self._thread = None
