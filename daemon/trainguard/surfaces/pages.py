@@ -1,6 +1,6 @@
 """Pages served next to /metrics on the metrics port (the daemon's /status page).
 
-The Prometheus WSGI app keeps every other path; a page is a function returning its HTML,
+The metrics app (surfaces/exposition.py) keeps every other path; a page is a function returning its HTML,
 called per request on the HTTP thread (it must only read immutable or its own data)."""
 
 from __future__ import annotations

@@ -35,14 +35,12 @@ class MetricsServer:
         return self._httpd.server_address[1] if self._httpd is not None else self.address[1]
 
     def start(self) -> None:
-        from prometheus_client import CollectorRegistry, make_wsgi_app
-
         from trainguard.surfaces.exporter import ReadingsCollector
+        from trainguard.surfaces.exposition import MetricsApp
 
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(ReadingsCollector(self.source))
+        app = MetricsApp(ReadingsCollector(self.source).collect, self.source)
         host, port = self.address
-        self._httpd, self._thread = serve(host, port, with_pages(make_wsgi_app(registry), self.pages))
+        self._httpd, self._thread = serve(host, port, with_pages(app, self.pages))
         self._thread.name = "metrics-http"
         log.info("serving metrics on http://%s:%d/metrics", f"[{host}]" if ":" in host else host, self.port)
 
