@@ -3,7 +3,7 @@ sustained thermal/power throttling; and findings from watched training logs.
 
 Pure functions of (GPU config, history points, snapshot, now, active keys). History
 series they read are written by the service each cycle from `gpu_series(snapshot)`:
-gpu.util:<i> (busy ratio 0..1), gpu.mem_used:<i> (bytes), gpu.throttle:<i> (reason
+gpu.util:<i> (busy ratio 0..1), gpu.throttle:<i> (reason
 bitmask), gpu.xid:<i> (XID code, only in cycles that saw one).
 """
 
