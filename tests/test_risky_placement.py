@@ -17,6 +17,7 @@ from trainguard.records import Severity, Snapshot
 from trainguard.sources.gpu import GpuSampler
 
 from tests.gpu_support import FakeClock, GiB, fake_pynvml, gpu_spec
+from tests.support.mounts import root_reason
 
 WRITER = textwrap.dedent("""
     import sys, time
@@ -47,10 +48,11 @@ def share_writer(slowfs, tmp_path):
         child.wait(timeout=10)
 
 
-def _snapshot(pid: int) -> Snapshot:
+def _snapshot(*pids: int) -> Snapshot:
     clock = FakeClock()
+    processes = [{"pid": pid, "used": GiB} for pid in pids]
     nvml = fake_pynvml.FakeNvml({"gpus": [gpu_spec([{"at": 0, "util": 95, "mem_used": 40 * GiB,
-                                                     "processes": [{"pid": pid, "used": 40 * GiB}]}])]}, clock=clock)
+                                                     "processes": processes}])]}, clock=clock)
     sampler = GpuSampler(nvml, clock=clock, host_pid_view=True, xid_events=False)
     try:
         return Snapshot(ts=clock.now, gpus=sampler.sample().gpus)
@@ -92,3 +94,22 @@ def test_nothing_when_no_gpu_process_writes_to_a_share(tmp_path):
     finally:
         reader.kill()
         reader.wait()
+
+
+def test_a_mount_table_read_for_one_namespace_is_not_taken_for_another(share_writer):
+    """The scan reads one mount table per mount namespace: a process first in line whose namespace does not
+    have the share (here unmounted in its own) must not hide the share of the next one."""
+    if reason := root_reason():
+        pytest.skip(reason)
+    child, fs = share_writer
+    elsewhere = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                                  f'umount -l "{fs.mountpoint}" && echo ready && exec cat'],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert elsewhere.stdout.readline().strip() == "ready"
+        assert os.readlink(f"/proc/{elsewhere.pid}/ns/mnt") != os.readlink(f"/proc/{child.pid}/ns/mnt")
+        findings = StallDiagnoser(py_spy=False).risky_writes(_snapshot(elsewhere.pid, child.pid))
+        assert [f.key for f in findings] == [f"gpu.risky_write:{child.pid}:{fs.mountpoint}"]
+    finally:
+        elsewhere.kill()
+        elsewhere.wait(timeout=10)

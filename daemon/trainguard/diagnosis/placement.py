@@ -6,14 +6,15 @@ info: the fix is to write locally and mirror to the share ([[mirror]])."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, MutableMapping, Sequence
 
 from trainguard.diagnosis.model import FileView
 from trainguard.diagnosis.threads import remote_fd_flags, remote_files
 from trainguard.diagnosis.verdict import EN, MIRROR_HINT, short_command
 from trainguard.diagnosis.words import owner_text
-from trainguard.records import Finding, FsSample, MountKind, Severity
+from trainguard.records import Finding, FsSample, Mount, MountKind, Severity
 from trainguard.sources import procs
 from trainguard.sources.mounts import parse_mountinfo
 from trainguard.sources.owner import read_owner
@@ -31,14 +32,33 @@ class GpuProcessRef:
     inferred_from: str = ""
 
 
-def risky_files(proc_root: str, pid: int, probes: Sequence[FsSample],
-                now: float) -> tuple[str, list[FileView], dict[str, Any]]:
+MountTables = MutableMapping[tuple[str, str], tuple[Mount, ...]]
+
+
+def mount_table(proc_root: str, pid: int, seen: MountTables) -> tuple[Mount, ...]:
+    """The process's mount table, read once per scan for all processes that share its view.
+
+    Processes in one mount namespace with one root see the same table (mountinfo shows mount points
+    from the process's root). The kernel writes the table anew for every reader (4 ms a scan of 32
+    processes beside 30 mounts); the two links are a few microseconds. Without access to them (another
+    user's process), the table is read for that process alone."""
+    try:
+        view = (os.readlink(f"{proc_root}/{pid}/ns/mnt"), os.readlink(f"{proc_root}/{pid}/root"))
+    except OSError:
+        return tuple(parse_mountinfo(procs.read_text(proc_root, pid, "mountinfo") or ""))
+    if view not in seen:
+        seen[view] = tuple(parse_mountinfo(procs.read_text(proc_root, pid, "mountinfo") or ""))
+    return seen[view]
+
+
+def risky_files(proc_root: str, pid: int, probes: Sequence[FsSample], now: float,
+                tables: MountTables) -> tuple[str, list[FileView], dict[str, Any]]:
     """(command line, its files on network/FUSE mounts that it holds open for writing and that are risky,
     its owner's known fields). Only what the check needs is read, each part only when the last one
     found something: the process's mount table, its open files when it sees a network/FUSE mount, its
     command line and owner when it writes a risky file there. (The stall inspection, which reads every
     thread too, cost 16 ms per scan of 32 GPU processes: a quarter of the cycle's CPU.)"""
-    mounts = tuple(parse_mountinfo(procs.read_text(proc_root, pid, "mountinfo") or ""))
+    mounts = mount_table(proc_root, pid, tables)
     if all(m.kind is MountKind.LOCAL for m in mounts):
         return "", [], {}  # gone, or nothing but local disks in its view
     info = procs.ProcessInfo(pid=pid, name="", state="?", cmdline=(), container_id=None, threads=(), io=None,
@@ -81,11 +101,12 @@ def risky_writes(refs: Sequence[GpuProcessRef], proc_root: str, probes: Sequence
     """One info finding per (process, mount) holding risky files open for writing."""
     findings = []
     seen: set[int] = set()
+    tables: MountTables = {}
     for ref in refs:
         if ref.pid in seen:
             continue
         seen.add(ref.pid)
-        cmdline, files, owner = risky_files(proc_root, ref.pid, probes, now)
+        cmdline, files, owner = risky_files(proc_root, ref.pid, probes, now, tables)
         by_mount: dict[str, list[FileView]] = {}
         for f in files:
             by_mount.setdefault(f.mount_point, []).append(f)
