@@ -55,6 +55,7 @@ class Trend:
     eta_without_cleanup: float | None = None  # and seconds to full if it does not come
     cleanup_missed: bool = False  # a saw-tooth whose cleanup passed both its level and its time
     eta_error: float = 0.0  # relative standard error of the ETA where it is known (checkpoint steps)
+    eta_early: float | None = None  # a saw-tooth: seconds to full should its lows come in at their error
 
     def __post_init__(self) -> None:
         if not self.evidence:
@@ -277,7 +278,7 @@ def _cleanup_regime(pts: Points, cycles: Sequence[sawtooth.Cycle], gross: float,
                  cleanup_every=nxt.every, cleanup_frees=nxt.frees,
                  cleanup_low=nxt.low if nxt.eta is None else None, evidence=evidence, cycles=tuple(cycles),
                  next_cleanup_in=nxt.next_in, eta_without_cleanup=nxt.eta_without, cleanup_missed=nxt.stopped,
-                 eta_error=nxt.error)
+                 eta_error=nxt.error, eta_early=nxt.early)
 
 
 def _ongoing(pts: Points, found: Sequence[Step]) -> bool:
