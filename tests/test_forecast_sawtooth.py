@@ -50,3 +50,12 @@ def test_the_warning_counts_on_the_earliest_credible_low():
     trend = Trend(slope=GROSS, span=6 * H, points=2000, eta=7.2 * H, evidence=6 * H, eta_early=5.9 * H)
     assert forecast.level(trend, cfg) is not None
     assert forecast.level(Trend(slope=GROSS, span=6 * H, points=2000, eta=7.2 * H, evidence=6 * H), cfg) is None
+
+
+def test_a_decline_not_yet_learned_does_not_bring_the_warning_forward():
+    # Three rotations of bursty logs whose lows happened to fall: the central ETA is 21 h with a stated
+    # error of 50 %, and lows "a few errors lower" would say anything.
+    cfg = configmod.parse({}, "test").forecast
+    trend = Trend(slope=GROSS, span=6 * H, points=2000, eta=21 * H, evidence=6 * H, eta_error=0.5,
+                  eta_early=3.6 * H)
+    assert forecast.level(trend, cfg) is None
