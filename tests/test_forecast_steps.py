@@ -44,3 +44,12 @@ def test_the_eta_error_of_a_few_steps_is_wider_than_of_many():
     many = fill_trend(staircase(11, every=1000.0, scatter=0.08), SIZE, 11 * 1000.0, 6 * 3600.0, 1800.0)
     assert few is not None and many is not None and few.eta_error > 0 and many.eta_error > 0
     assert few.eta_error > many.eta_error * (10 / 3) ** 0.5
+
+
+def test_writes_smaller_than_a_deletion_are_still_a_rhythm():
+    """Checkpoints of 0.2 % of the disk, well above the noise: learned as a rhythm (the ETA is that of
+    the write that does not fit, and states its error), not as a line through the staircase."""
+    pts = staircase(11, every=1000.0, nbytes=2 * GB, scatter=0.05)
+    trend = fill_trend(pts, SIZE, 11 * 1000.0, 6 * 3600.0, 1800.0)
+    assert trend is not None and trend.eta_error > 0
+    assert trend.eta == pytest.approx(pts[-1][1] / trend.slope, rel=0.02)

@@ -118,7 +118,8 @@ def _carried(prev: Fit, now: float) -> Trend:
 
     return dataclasses.replace(trend, eta=later(trend.eta), evidence=trend.evidence + dt,
                                next_cleanup_in=later(trend.next_cleanup_in),
-                               eta_without_cleanup=later(trend.eta_without_cleanup))
+                               eta_without_cleanup=later(trend.eta_without_cleanup),
+                               eta_early=later(trend.eta_early))
 
 
 def follow_trend(prev: Fit | None, read: Reader, size: float, now: float, cfg) -> tuple[Trend | None, Fit]:

@@ -45,11 +45,18 @@ def level(trend: Trend | None, cfg: Forecast, active: Severity | None = None) ->
     # error (the scatter of checkpoint sizes and intervals, of a saw-tooth's lows), by twice that, up to
     # a fifth as early again. The evidence is stretched alike: a 6 h window could never back a 6.4 h ETA.
     early = 1.0 + max(cfg.lead_margin, 2 * min(trend.eta_error, MAX_ERROR))
-    if trend.eta > cfg.evidence_ratio * trend.evidence * slack * early:
+    eta = trend.eta
+    if trend.eta_early is not None and trend.eta_error <= MAX_ERROR \
+            and trend.eta_early * early < eta * (1.0 + cfg.lead_margin):
+        # A saw-tooth whose low before some cleanup may already reach zero (its lows a few of their
+        # errors lower): that low's time, with the lead margin, is what the lead is kept against; but
+        # only one whose decline is learned (a few cycles far apart say little of the lows' scatter).
+        eta, early = trend.eta_early, 1.0 + cfg.lead_margin
+    if eta > cfg.evidence_ratio * trend.evidence * slack * early:
         return None  # a forecast further ahead than the rate has held: not enough evidence yet
-    if trend.eta < cfg.critical * early * (slack if active is Severity.CRITICAL else 1.0):
+    if eta < cfg.critical * early * (slack if active is Severity.CRITICAL else 1.0):
         return Severity.CRITICAL, cfg.critical
-    if trend.eta < cfg.warning * early * slack:
+    if eta < cfg.warning * early * slack:
         return Severity.WARNING, cfg.warning
     return None
 

@@ -14,7 +14,11 @@ What a GC that keeps coming means for the forecast:
   the longest period seen); a cleanup missed by both is counted on no more;
 - the lows go down across cycles by more than their scatter explains: the saw-tooth is run forward and
   the ETA is the moment the low before some cleanup reaches zero; it warns only when that low is
-  within the warning lead.
+  within the warning lead. Where the lows are near zero the ETA is not smooth: a low that ends up a
+  little under zero fills the disk just before its cleanup, one a little over it a whole period later.
+  So the earliest credible ETA (`early`) is that of lows lower by a few times their own error (the scatter
+  of the low-to-low steps, adding up over the cycles to come, and that of the learned loss), and the
+  warning counts on that.
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ MEMORY = 24 * 3600.0  # cycles are remembered this long (as long as a day of che
 MAX_CYCLES = 16
 LATE = 1.5  # a cleanup this many longest-periods late, with the disk below its lows, has stopped
 JITTER_OF_FREED = 0.3  # lows scatter at least this share of what a cleanup frees (its trigger jitters)
+# Standard errors a low to come may fall short of its forecast: a warning is due at every one of the
+# few cycles that pass through the lead, each a new draw, and the scatter is learned from a few steps.
+LOW_ERRORS = 2.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +54,7 @@ class NextLow:
     low: float  # the lowest low seen (keeping up), bytes free
     stopped: bool = False  # missed by level and time: counted on no more
     error: float = 0.0  # relative standard error of eta (the lows' slope)
+    early: float | None = None  # seconds to full if the lows come in LOW_ERRORS of their errors lower
 
 
 def merge(known: Sequence[Cycle], seen: Sequence[Cycle], now: float) -> tuple[Cycle, ...]:
@@ -126,7 +134,30 @@ def next_low(cycles: Sequence[Cycle], latest: float, gross: float, size: float, 
         gross = statistics.fmean(c.freed for c in cycles[1:]) / mean_every - slope
     eta = run_forward(latest, gross, loss, next_in, every) if loss > 0 else None
     return NextLow(eta, next_in, eta_without, every, frees, min(c.low for c in cycles),
-                   error=_eta_error(cycles, slope, loss, eta / every) if eta is not None else 0.0)
+                   error=_eta_error(cycles, slope, loss, eta / every) if eta is not None else 0.0,
+                   early=_earliest(cycles, slope, latest, gross, loss, next_in, every, eta))
+
+
+def _earliest(cycles: Sequence[Cycle], slope: float, latest: float, gross: float, loss: float, first_in: float,
+              period: float, eta: float | None) -> float | None:
+    """Seconds to full if each low to come is LOW_ERRORS of its standard errors under its forecast: the first
+    low that may reach zero fills the disk before its cleanup. A low k cleanups ahead is off by the
+    scatter of the low-to-low steps (they add up as a random walk: each cleanup frees and comes a
+    little apart) over k + 1 steps, and by k + 1 times the error of the mean loss per period."""
+    if eta is None or len(cycles) < 3:
+        return eta
+    steps = [b.low - a.low - slope * (b.ts - a.ts) for a, b in zip(cycles, cycles[1:])]
+    sd = math.sqrt(sum(r * r for r in steps) / max(len(steps) - 1, 1))
+    of_loss = sd / math.sqrt(len(steps))
+    k = 0
+    while first_in + k * period < eta:
+        at = first_in + k * period
+        low = latest - gross * first_in - k * loss  # just before cleanup k (0: the next)
+        margin = LOW_ERRORS * math.hypot(sd * math.sqrt(k + 1), of_loss * (k + 1))
+        if low < margin:
+            return max(min(at - (margin - low) / gross, eta), 0.0)
+        k += 1
+    return eta
 
 
 def _eta_error(cycles: Sequence[Cycle], slope: float, loss: float, periods: float) -> float:

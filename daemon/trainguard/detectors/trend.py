@@ -55,6 +55,7 @@ class Trend:
     eta_without_cleanup: float | None = None  # and seconds to full if it does not come
     cleanup_missed: bool = False  # a saw-tooth whose cleanup passed both its level and its time
     eta_error: float = 0.0  # relative standard error of the ETA where it is known (checkpoint steps)
+    eta_early: float | None = None  # a saw-tooth: seconds to full should its lows come in at their error
 
     def __post_init__(self) -> None:
         if not self.evidence:
@@ -76,9 +77,9 @@ class Step:
     nbytes: float
 
 
-def steps(points: Points, size: float) -> tuple[list[Step], float]:
-    """Checkpoint-sized falls of free space (beyond noise and the background rate), and that background
-    rate in bytes/s (positive: filling)."""
+def steps(points: Points, size: float, least: float = DROP_FRACTION) -> tuple[list[Step], float]:
+    """Checkpoint-sized falls of free space (beyond noise and the background rate, and at least `least`
+    of the filesystem), and that background rate in bytes/s (positive: filling)."""
     if len(points) < 3:
         return [], 0.0
     diffs = [(points[i][1] - points[i - 1][1], points[i][0] - points[i - 1][0]) for i in range(1, len(points))]
@@ -103,7 +104,7 @@ def steps(points: Points, size: float) -> tuple[list[Step], float]:
                 first -= 1
             last = min(j + 2, len(points) - 1)
             fell = points[first][1] - points[last][1]  # the background's share over a write is small
-            if fell >= max(size * DROP_FRACTION, 8 * spread):
+            if fell >= max(size * least, 8 * spread):
                 found.append(Step(points[i][0], points[j + 1][0], fell))  # timed by its clear part
             i = j + 1
         else:
@@ -277,7 +278,7 @@ def _cleanup_regime(pts: Points, cycles: Sequence[sawtooth.Cycle], gross: float,
                  cleanup_every=nxt.every, cleanup_frees=nxt.frees,
                  cleanup_low=nxt.low if nxt.eta is None else None, evidence=evidence, cycles=tuple(cycles),
                  next_cleanup_in=nxt.next_in, eta_without_cleanup=nxt.eta_without, cleanup_missed=nxt.stopped,
-                 eta_error=nxt.error)
+                 eta_error=nxt.error, eta_early=nxt.early)
 
 
 def _ongoing(pts: Points, found: Sequence[Step]) -> bool:
@@ -297,7 +298,9 @@ def _stepped_eta(pts: Points, size: float, rate: float, now: float) -> tuple[flo
     is full during the write that does not fit: that write's time, not where a line through the
     staircase reaches zero (up to one period later); and that ETA's relative standard error, from how
     much the sizes and the intervals of the steps scatter. None without such a rhythm."""
-    found, background = steps(pts, size)
+    # Writes smaller than a deletion-sized share of the disk are a rhythm too: counted by them, the disk
+    # is full during the write that does not fit, up to a period before a line through them says.
+    found, background = steps(pts, size, least=0.0)
     found = [s for s in found if s.start > pts[min(3, len(pts) - 1)][0]]  # not one the window cuts into
     if len(found) < 3:
         return None

@@ -1,0 +1,61 @@
+"""A saw-tooth whose lows go down (detectors.sawtooth): near zero its ETA jumps by most of a period, so
+the warning counts on the earliest credible low, not only on the central forecast."""
+
+from __future__ import annotations
+
+import pytest
+from trainguard import config as configmod
+from trainguard.detectors import forecast, sawtooth
+from trainguard.detectors.trend import Trend
+
+GB = 1e9
+H = 3600.0
+SIZE = 1000 * GB
+FREED, LOSS = 30 * GB, 10 * GB  # each cleanup frees 30 GB of the 40 GB written in its hour
+GROSS = (FREED + LOSS) / H
+JITTER = [0.0, 0.4, -0.3, 0.5, -0.6, 0.2, -0.1, 0.6, -0.4, 0.3, -0.5, 0.1]  # GB, the low-to-low steps'
+
+
+def cycles(last_low: float) -> list[sawtooth.Cycle]:
+    """Twelve hourly cleanups whose lows fall by LOSS, each step off by up to 0.6 GB."""
+    lows, low = [], last_low
+    for k in reversed(range(len(JITTER))):
+        lows.append(low)
+        low += LOSS - JITTER[k] * GB
+    return [sawtooth.Cycle(k * H, v, FREED) for k, v in enumerate(reversed(lows))]
+
+
+def forecast_after_last(last_low: float) -> sawtooth.NextLow:
+    seen = cycles(last_low)
+    now = seen[-1].ts + 60.0
+    return sawtooth.next_low(seen, last_low + FREED - GROSS * 60.0, GROSS, SIZE, 0.0, now)
+
+
+def test_a_low_within_its_errors_of_zero_may_fill_the_disk_a_period_early():
+    # The third low to come is forecast at 1 GB: as likely to be a little under zero (full just
+    # before that cleanup) as over it (full most of a period later).
+    nxt = forecast_after_last(31 * GB)
+    third_cleanup = 3 * H - 60.0
+    assert nxt.eta is not None and nxt.eta > third_cleanup + 0.5 * H
+    assert nxt.early is not None and nxt.early < third_cleanup
+
+
+def test_a_low_well_clear_of_zero_keeps_the_central_eta():
+    nxt = forecast_after_last(36 * GB)  # that low at 6 GB, beyond its error
+    assert nxt.eta is not None and nxt.early == pytest.approx(nxt.eta)
+
+
+def test_the_warning_counts_on_the_earliest_credible_low():
+    cfg = configmod.parse({}, "test").forecast
+    trend = Trend(slope=GROSS, span=6 * H, points=2000, eta=7.2 * H, evidence=6 * H, eta_early=5.9 * H)
+    assert forecast.level(trend, cfg) is not None
+    assert forecast.level(Trend(slope=GROSS, span=6 * H, points=2000, eta=7.2 * H, evidence=6 * H), cfg) is None
+
+
+def test_a_decline_not_yet_learned_does_not_bring_the_warning_forward():
+    # Three rotations of bursty logs whose lows happened to fall: the central ETA is 21 h with a stated
+    # error of 50 %, and lows "a few errors lower" would say anything.
+    cfg = configmod.parse({}, "test").forecast
+    trend = Trend(slope=GROSS, span=6 * H, points=2000, eta=21 * H, evidence=6 * H, eta_error=0.5,
+                  eta_early=3.6 * H)
+    assert forecast.level(trend, cfg) is None
