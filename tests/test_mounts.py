@@ -135,3 +135,28 @@ def test_reads_this_machines_mount_table(tmp_path):
     fake.mkdir()
     (fake / "mountinfo").write_text((DATA / "mountinfo_container.txt").read_text())
     assert read_mounts(str(tmp_path)) == CONTAINER, "the proc root is a parameter (a sidecar reads /host/proc)"
+
+
+def test_the_mount_table_is_read_again_when_the_kernel_says_it_changed(tmp_path, monkeypatch):
+    """The daemon asks for the table every cycle; it is read once and then only after a mount or unmount
+    (the kernel's POLLPRI on mountinfo), not after a minute of waiting."""
+    from tests.support.mounts import root_reason, tmpfs
+    from trainguard.sources import mounts as mountinfo
+
+    if reason := root_reason():
+        pytest.skip(reason)
+    table = mountinfo.MountTable()
+    reads = []
+    real_parse = mountinfo.parse_mountinfo
+    monkeypatch.setattr(mountinfo, "parse_mountinfo", lambda text: reads.append(1) or real_parse(text))
+    try:
+        before = table()
+        assert table() is before and len(reads) == 1  # unchanged: not read again
+        with tmpfs(1 << 20) as mnt:
+            during = table()
+            assert str(mnt) in {m.mount_point for m in during} and len(reads) == 2
+            assert table() is during
+        after = table()
+        assert str(mnt) not in {m.mount_point for m in after} and len(reads) == 3
+    finally:
+        table.close()

@@ -182,7 +182,7 @@ class FsSampler:
     def __init__(self, *, clock: Clock, proc_root: str = "/proc", paths: Sequence[str] = (),
                  exclude: Sequence[str] = (), include_fstypes: Sequence[str] = (), timeout: float = 5.0,
                  wait: float = 1.0, statvfs: Callable[[str], os.statvfs_result] | None = None,
-                 read_mounts: Callable[[str], list[Mount]] = mountinfo.read_mounts, host_root: str = "/"):
+                 read_mounts: Callable[[str], Sequence[Mount]] | None = None, host_root: str = "/"):
         """statvfs: inject one for tests (then every mount is probed with it in a thread); by default
         local mounts use os.statvfs and network/FUSE mounts a `stat -f` child."""
         self.clock = clock
@@ -193,7 +193,8 @@ class FsSampler:
         self.include_fstypes = tuple(include_fstypes)
         self.timeout = timeout
         self.wait = min(wait, timeout)  # the most one cycle waits for slow probes
-        self.read_mounts = read_mounts
+        self._table = mountinfo.MountTable() if read_mounts is None else None
+        self.read_mounts = read_mounts or self._table
         self._local_probe = thread_probe(statvfs or os.statvfs, self._reach)
         self._remote_probe = self._local_probe
         self.children = Children()
@@ -310,6 +311,8 @@ class FsSampler:
 
     def close(self) -> None:
         """End the probe children still running (a hung mount's): nothing is left behind when we exit."""
+        if self._table is not None:
+            self._table.close()
         for pid, mount in self.children.end_all():
             if mount.fstype.startswith("fuse"):
                 how = ("its FUSE server took the request and has not answered, so not even SIGKILL ends it; it "

@@ -9,6 +9,8 @@ import fnmatch
 import functools
 import os
 import re
+import time
+from select import POLLERR, POLLPRI, poll  # `select` here is the mount selection below
 from typing import Iterable, Sequence
 
 from trainguard.records import Mount, MountKind
@@ -160,6 +162,52 @@ def read_mounts(proc_root: str = "/proc", *, own: bool = False) -> list[Mount]:
     path = os.path.join(proc_root, "self", "mountinfo") if own else mountinfo_path(proc_root)
     with open(path, encoding="utf-8", errors="surrogateescape") as fh:
         return parse_mountinfo(fh.read())
+
+
+class MountTable:
+    """read_mounts for a caller that asks every cycle: the table is read again only when it changed.
+
+    An open mountinfo polls POLLPRI once a mount, unmount or remount happened in its namespace (what
+    systemd and util-linux's monitor wait on); reading it makes the kernel print every mount, a twentieth
+    of a cycle beside 30 mounts and more on a node with hundreds. It is still read once a minute, for a
+    /proc that never signals (gVisor's, say)."""
+
+    REREAD_S = 60.0
+
+    def __init__(self) -> None:
+        self._fh = None
+        self._path = ""
+        self._mounts: tuple[Mount, ...] = ()
+        self._read_at = float("-inf")
+
+    def __call__(self, proc_root: str = "/proc") -> tuple[Mount, ...]:
+        """The table, the same tuple while nothing changed (the caller may compare by identity)."""
+        path = mountinfo_path(proc_root)
+        if self._fh is None or path != self._path or self._changed():
+            self._read(path)
+        return self._mounts
+
+    def _changed(self) -> bool:
+        if time.monotonic() - self._read_at >= self.REREAD_S:
+            return True
+        poller = poll()
+        poller.register(self._fh, POLLPRI | POLLERR)
+        return bool(poller.poll(0))
+
+    def _read(self, path: str) -> None:
+        if self._fh is None or path != self._path:
+            self.close()
+            # Opened before it is read: a change from here on is signalled, and the read below sees it.
+            self._fh = open(path, encoding="utf-8", errors="surrogateescape")
+            self._path = path
+        self._fh.seek(0)
+        self._read_at = time.monotonic()
+        self._mounts = tuple(parse_mountinfo(self._fh.read()))
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
 
 
 def host_path(host_root: str, path: str) -> str:
