@@ -26,7 +26,7 @@ def replay(process, hours: float = 12.0, seed: int = 3):
         if t >= 7 * H:
             full = fill_trend(history.points("a", t - CFG.window), process.size, t, CFG.window, CFG.min_span,
                               fit.cycles)
-            out.append((t, trend, full, fit is not before))
+            out.append((t, trend, full, before is None or fit.at != before.at))  # a full fit is made at `now`
     return out
 
 

@@ -45,6 +45,7 @@ class Fit:
     steps: tuple[Step, ...] = ()  # checkpoint-sized steps of the window and the background rate
     background: float = 0.0
     line: float = 0.0  # bytes/s the free space falls between news: the trend's rate, or between steps
+    checked_ts: float = float("-inf")  # the newest sample found on the line since the full fit
 
 
 def _noise(pts: Points) -> float:
@@ -124,12 +125,13 @@ def _carried(prev: Fit, now: float) -> Trend:
 
 def follow_trend(prev: Fit | None, read: Reader, size: float, now: float, cfg) -> tuple[Trend | None, Fit]:
     """(the trend now, the Fit to pass next time). `read(since)` gives the history from `since` on;
-    only the samples newer than the last full fit are read while the trend holds."""
+    while the trend holds, only the samples since the last check are read (one or two a cycle)."""
     news = False
     if prev is not None and prev.trend is not None:
-        new = read(prev.last_ts)
-        if new and new[-1][0] >= prev.last_ts and _holds(prev, new, size, now):
-            return _carried(prev, now), prev
+        since = max(prev.last_ts, prev.checked_ts)  # the samples before it were found on the line
+        new = read(since)
+        if new and new[-1][0] >= since and _holds(prev, new, size, now):
+            return _carried(prev, now), dataclasses.replace(prev, checked_ts=new[-1][0])
         news = now < prev.refit_at  # a sample that left the line, not the end of the fit's time
     fit = _full(prev, read(now - cfg.window), size, now, cfg, news)
     return fit.trend, fit
