@@ -98,3 +98,21 @@ def test_before_the_first_cycle_every_scrape_renders_and_other_methods_are_refus
     assert status.startswith("405") and "GET" in headers["Allow"]
     status, headers, body = call(app, REQUEST_METHOD="HEAD")
     assert status == "200 OK" and body == b"" and int(headers["Content-Length"]) > 0
+
+
+def test_written_series_follow_their_labels_across_scrapes():
+    from trainguard.surfaces.exposition import Names
+
+    names = Names()
+
+    def one(mountpoint, value):
+        g = GaugeMetricFamily("tg_test_bytes", "x", labels=("mountpoint",))
+        g.add_metric((mountpoint,), value)
+        return render([g], names).decode()
+
+    assert 'tg_test_bytes{mountpoint="/a"} 1.0' in one("/a", 1)
+    assert 'tg_test_bytes{mountpoint="/a"} 2.0' in one("/a", 2)  # the value is never kept
+    assert 'tg_test_bytes{mountpoint="/b"} 3.0' in one("/b", 3)
+    names.MAX_SERIES = 2
+    one("/c", 4)
+    assert len(names.series) <= 2  # a churning label set does not grow it without bound

@@ -41,10 +41,14 @@ def _escaped(value: str) -> str:
 
 
 class Names:
-    """Valid metric and label names, each checked once per process."""
+    """Valid metric and label names, each checked once per process, and each series' written name and
+    labels (`name{a="x",b="y"}`), kept while the series lives: mounts and GPUs change rarely."""
+
+    MAX_SERIES = 20_000  # a label set that churns cannot grow it without bound
 
     def __init__(self) -> None:
         self.seen: set[str] = set()
+        self.series: dict[tuple, str] = {}
 
     def check(self, name: str) -> str:
         if name not in self.seen:
@@ -52,6 +56,16 @@ class Names:
                 raise ValueError(f"invalid metric or label name {name!r}")
             self.seen.add(name)
         return name
+
+    def head(self, name: str, labels: dict[str, str]) -> str:
+        key = (name, *labels.items())
+        head = self.series.get(key)
+        if head is None:
+            if len(self.series) >= self.MAX_SERIES:
+                self.series.clear()
+            pairs = ",".join(f'{self.check(k)}="{_escaped(str(v))}"' for k, v in labels.items())
+            head = self.series[key] = f"{self.check(name)}{{{pairs}}}" if pairs else self.check(name)
+        return head
 
 
 def render(families: Iterable[Metric], names: Names | None = None) -> bytes:
@@ -64,11 +78,7 @@ def render(families: Iterable[Metric], names: Names | None = None) -> bytes:
         help_text = family.documentation.replace("\\", r"\\").replace("\n", r"\n")
         out.append(f"# HELP {names.check(name)} {help_text}\n# TYPE {name} {kind}\n")
         for s in family.samples:
-            if s.labels:
-                pairs = ",".join(f'{names.check(k)}="{_escaped(str(v))}"' for k, v in s.labels.items())
-                out.append(f"{names.check(s.name)}{{{pairs}}} {value_text(s.value)}\n")
-            else:
-                out.append(f"{names.check(s.name)} {value_text(s.value)}\n")
+            out.append(f"{names.head(s.name, s.labels)} {value_text(s.value)}\n")
     return "".join(out).encode()
 
 
