@@ -34,6 +34,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.join(HERE, "..", "daemon"), HERE]
 
 import trace_families as tf  # noqa: E402
+from forecast_accuracy import episodes, lead  # noqa: E402  (the same scoring as the fixed traces)
 from trainguard.config import Forecast  # noqa: E402
 from trainguard.detectors.forecast import follow_trend, level  # noqa: E402
 from trainguard.store.history import History  # noqa: E402
@@ -120,19 +121,6 @@ def run_promql(trace: tf.Trace, times: list[float]) -> list[tuple[bool, float | 
 
 
 METHODS = {"trainguard": run_trainguard, "predict_linear": run_promql}
-
-
-def episodes(run) -> int:
-    return sum(1 for k, (on, _) in enumerate(run) if on and (k == 0 or not run[k - 1][0]))
-
-
-def lead(run, times, full_at: float) -> float:
-    if not run or not run[-1][0]:
-        return 0.0
-    k = len(run) - 1
-    while k > 0 and run[k - 1][0]:
-        k -= 1
-    return full_at - times[k]
 
 
 def score_family(family: str, seeds, every: float, verbose: bool) -> dict:
