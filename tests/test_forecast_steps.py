@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from trainguard import config as configmod
+from trainguard.detectors import forecast
 from trainguard.detectors.trend import fill_trend, steps
 
 GB = 1e9
@@ -53,3 +55,37 @@ def test_writes_smaller_than_a_deletion_are_still_a_rhythm():
     trend = fill_trend(pts, SIZE, 11 * 1000.0, 6 * 3600.0, 1800.0)
     assert trend is not None and trend.eta_error > 0
     assert trend.eta == pytest.approx(pts[-1][1] / trend.slope, rel=0.02)
+
+
+def larger_later(free: float, learned: float, every: float = 1800.0, nbytes: float = 20 * GB,
+                 later: float = 1.06) -> tuple[list[tuple[float, float]], float]:
+    """10 s samples of a staircase until full, and when it is full: a 100 s write every `every`, of
+    `nbytes` +-10 % until `learned`, then each `later` times the mean (one standard error of a size
+    larger, as writes to come may be)."""
+    rng = random.Random(3)
+    sizes = [nbytes * (1 + rng.uniform(-0.1, 0.1)) if every * (k + 0.5) < learned else nbytes * later
+             for k in range(int(free / nbytes) + 50)]
+    pts, t = [], 0.0
+    while free > 0:
+        pts.append((t, free))
+        k = int((t - 0.5 * every) // every)
+        if k >= 0 and t < every * (k + 0.5) + 100:
+            free -= sizes[k] / 10
+        t += 10.0
+    return pts, t
+
+
+def test_a_staircase_whose_write_does_not_fit_a_period_early_still_warns_6_h_ahead():
+    """Writes a little larger than the learned mean: one fewer fits, and the disk is full a period (30 min)
+    before the central ETA says. The warning keeps its lead against the earliest write that may not fit."""
+    cfg = configmod.parse({}, "test").forecast
+    pts, full = larger_later(530 * GB, learned=6 * 3600.0)
+    now = full - 7 * 3600.0
+    while now < full - 5 * 3600.0:
+        trend = fill_trend([p for p in pts if p[0] <= now], SIZE, now, 6 * 3600.0, 1800.0)
+        if forecast.level(trend, cfg) is not None:
+            break
+        now += 60.0
+    assert full - now >= cfg.warning
+    assert trend.eta > full - now + 0.5 * 1800.0  # the central ETA is a write too late
+    assert trend.eta_early < full - now

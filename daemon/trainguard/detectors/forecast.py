@@ -49,8 +49,9 @@ def level(trend: Trend | None, cfg: Forecast, active: Severity | None = None) ->
     if trend.eta_early is not None and trend.eta_error <= MAX_ERROR \
             and trend.eta_early * early < eta * (1.0 + cfg.lead_margin):
         # A saw-tooth whose low before some cleanup may already reach zero (its lows a few of their
-        # errors lower): that low's time, with the lead margin, is what the lead is kept against; but
-        # only one whose decline is learned (a few cycles far apart say little of the lows' scatter).
+        # errors lower), a staircase whose write may not fit one period early (the writes to come a few
+        # of their errors larger): that time, with the lead margin, is what the lead is kept against; but
+        # only where the rhythm is learned (a few cycles far apart say little of the lows' scatter).
         eta, early = trend.eta_early, 1.0 + cfg.lead_margin
     if eta > cfg.evidence_ratio * trend.evidence * slack * early:
         return None  # a forecast further ahead than the rate has held: not enough evidence yet

@@ -22,18 +22,16 @@ Changes of regime:
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from trainguard.detectors import sawtooth
+from trainguard.detectors import sawtooth, staircase
 
 BUCKETS = 48  # points the window is reduced to; 48 -> ~1100 pairs, cheap in pure Python
 MIN_POINTS = 4
 DROP_FRACTION = 0.005  # a rise in free space of >= 0.5 % of the filesystem is a deletion, not noise
 CONSISTENT = 0.5  # halves of a regime whose rates differ by more than 2x are two regimes
-MAX_STEP_ERROR = 0.1  # a checkpoint rhythm whose ETA is less certain than this is not one (bursts)
 GAP = 900.0  # seconds without a sample: the daemon was down (or the clock jumped); nothing was seen
 NOISE_RATE = 1e-6  # fraction of the filesystem per second below which a rate is noise (~3.6 ‰/h)
 
@@ -55,7 +53,7 @@ class Trend:
     eta_without_cleanup: float | None = None  # and seconds to full if it does not come
     cleanup_missed: bool = False  # a saw-tooth whose cleanup passed both its level and its time
     eta_error: float = 0.0  # relative standard error of the ETA where it is known (checkpoint steps)
-    eta_early: float | None = None  # a saw-tooth: seconds to full should its lows come in at their error
+    eta_early: float | None = None  # earliest credible ETA: a saw-tooth's lows, a staircase's writes at their error
 
     def __post_init__(self) -> None:
         if not self.evidence:
@@ -281,74 +279,15 @@ def _cleanup_regime(pts: Points, cycles: Sequence[sawtooth.Cycle], gross: float,
                  eta_error=nxt.error, eta_early=nxt.early)
 
 
-def _ongoing(pts: Points, found: Sequence[Step]) -> bool:
-    """The last step is a write seen in part: it ends at the newest samples, or it is much smaller than
-    the others and began less than twice their usual length ago (noise as large as a sample's share of
-    a slow write hides its tail from the step's edge)."""
-    dt = pts[-1][0] - pts[-2][0] if len(pts) > 1 else 0.0
-    if found[-1].end >= pts[-1][0] - 3 * dt:
-        return True
-    usual = statistics.median(s.end - s.start for s in found[:-1])
-    return found[-1].start >= pts[-1][0] - 2 * max(usual, 3 * dt) \
-        and found[-1].nbytes < 0.7 * statistics.fmean(s.nbytes for s in found[:-1])
-
-
-def _stepped_eta(pts: Points, size: float, rate: float, now: float) -> tuple[float, float] | None:
-    """With a checkpoint rhythm (size and period learned from the steps) that explains the rate, the disk
-    is full during the write that does not fit: that write's time, not where a line through the
-    staircase reaches zero (up to one period later); and that ETA's relative standard error, from how
-    much the sizes and the intervals of the steps scatter. None without such a rhythm."""
+def _stepped(pts: Points, size: float, rate: float, now: float) -> staircase.Stepped | None:
+    """The staircase forecast (detectors.staircase) where the window shows a checkpoint rhythm."""
     # Writes smaller than a deletion-sized share of the disk are a rhythm too: counted by them, the disk
     # is full during the write that does not fit, up to a period before a line through them says.
     found, background = steps(pts, size, least=0.0)
     found = [s for s in found if s.start > pts[min(3, len(pts) - 1)][0]]  # not one the window cuts into
     if len(found) < 3:
         return None
-    # Means over the window, not medians: saves jitter in size and time around a steady pace, and the
-    # mean of a few is the closer estimate of it (the median of five was 5 % off where the mean was 3 %).
-    every = (found[-1].start - found[0].start) / (len(found) - 1)
-    # A write still going on at the end is seen in part: it is not a size, and the rest of it is to come.
-    ongoing = _ongoing(pts, found)
-    done = found[:-1] if ongoing and len(found) > 3 else found
-    nbytes = statistics.fmean(s.nbytes for s in done)
-    if every <= 0 or abs(nbytes / every + background - rate) > 0.3 * rate:
-        return None
-    # The write that will not fit: one of the largest size seen may come next, and the free space before
-    # it is known only to a few per cent (the background, the jitter of the sizes): the earlier write.
-    largest = 1.1 * max(s.nbytes for s in done)
-    write = statistics.median(s.end - s.start for s in done)
-    if ongoing:  # what it has written so far: since the sample before it, less the background
-        before = next(v for t, v in reversed(pts) if t <= found[-1].start)
-        seen = before - pts[-1][1] - background * (pts[-1][0] - found[-1].start)
-    avail = pts[-1][1] - (max(nbytes - seen, 0.0) if ongoing else 0.0)
-    at = found[-1].start + every
-    while at < now:
-        at += every
-    gaps = [b.start - a.start for a, b in zip(found, found[1:])]
-    spread = math.hypot(statistics.stdev(s.nbytes for s in done) / nbytes, statistics.stdev(gaps) / every)
-    if spread / math.sqrt(len(gaps)) > MAX_STEP_ERROR:
-        return None  # sizes or intervals all over the place: bursts, not a checkpoint rhythm
-    for k in range(int(avail / nbytes) + 2):
-        free = avail - background * (at - now) - k * nbytes  # just before write k
-        if free <= 0:
-            eta = max(at - now + free / background, 0.0) if background > 0 else at - now
-        elif free < largest:
-            eta = at - now + write * min(free / nbytes, 1.0)
-        else:
-            at += every
-            continue
-        # The ETA's error: that of the mean size and period learned from the window's steps, and the
-        # scatter of the k + 1 writes still to come (their sizes and intervals add up as they come).
-        # Scatter measured on a few steps is itself uncertain: widened by Student's t for their number.
-        return eta, spread * math.sqrt(1 / len(gaps) + 1 / (k + 1)) * _few(len(gaps) - 1)
-    return None
-
-
-def _few(dof: int) -> float:
-    """Student's t over the normal quantile at 97.5 % for dof degrees of freedom (Cornish-Fisher): how
-    much wider an error estimated from a few samples is to be taken (3 intervals: 1.6x, 10: 1.1x)."""
-    z, v = 1.96, max(dof, 1)
-    return 1.0 + (z**3 + z) / (4 * v * z) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * v * v * z)
+    return staircase.stepped_eta(pts, found, background, rate, now)
 
 
 def fill_trend(avail: Points, size: float, now: float, window: float, min_span: float,
@@ -384,8 +323,10 @@ def fill_trend(avail: Points, size: float, now: float, window: float, min_span: 
         evidence = max(min(evidence, pts[-1][0] - seen_since), 1.0)  # (0 would read as "all of the span")
     if len(cycles) < 2 or rate <= 0:
         # No deletion, or one recent one: the writer's pace, without assuming someone deletes again.
-        stepped = _stepped_eta(pts, size, rate, now) if rate > 0 and not drops else None
-        eta, error = stepped or ((None, 0.0) if rate <= 0 else (latest / rate, 0.0))
-        return Trend(slope=rate, span=span, points=len(pts), eta=eta, evidence=evidence, cycles=cycles,
-                     eta_error=error)
+        stepped = _stepped(pts, size, rate, now) if rate > 0 and not drops else None
+        if stepped is not None:
+            return Trend(slope=rate, span=span, points=len(pts), eta=stepped.eta, evidence=evidence,
+                         cycles=cycles, eta_error=stepped.error, eta_early=stepped.early)
+        return Trend(slope=rate, span=span, points=len(pts), eta=None if rate <= 0 else latest / rate,
+                     evidence=evidence, cycles=cycles)
     return _cleanup_regime(pts, cycles, rate, evidence, size, now)
