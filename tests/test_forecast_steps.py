@@ -89,3 +89,16 @@ def test_a_staircase_whose_write_does_not_fit_a_period_early_still_warns_6_h_ahe
     assert full - now >= cfg.warning
     assert trend.eta > full - now + 0.5 * 1800.0  # the central ETA is a write too late
     assert trend.eta_early < full - now
+
+
+def test_a_rhythm_of_writes_just_under_the_deletion_mark_is_not_taken_for_a_rate_that_stopped():
+    """Checkpoints of ~0.46 % of the disk, scattered so that one of them passes the 0.5 % mark of a
+    deletion-sized write. That one write is not "a download and quiet since", and the flat stretch
+    between two writes is not "a rate that stopped": the trend keeps the rhythm's rate at every cycle
+    (the fit flipping to a flat tail ended or blocked each warning)."""
+    every, nbytes = 1900.0, 4.6 * GB
+    pts = staircase(14, every=every, nbytes=nbytes, scatter=0.12, seed=7)
+    assert max(s.nbytes for s in steps(pts, SIZE, least=0.0)[0]) > 0.005 * SIZE  # one passes the mark
+    for now in range(int(8 * every), int(pts[-1][0]), 60):
+        trend = fill_trend([p for p in pts if p[0] <= now], SIZE, now, 6 * 3600.0, 1800.0)
+        assert trend is not None and trend.slope == pytest.approx(nbytes / every, rel=0.3), now

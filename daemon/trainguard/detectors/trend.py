@@ -176,8 +176,8 @@ def regime(points: Points, size: float, min_span: float) -> tuple[float, float] 
     # do. Then the trend is that tail, whose evidence is short, unless the difference is within noise.
     end = points[-1][0]
     tail = [p for p in points if p[0] >= end - min_span]
-    # Not on a staircase (three or more checkpoint-sized steps): between its steps it is as flat.
-    if span > min_span and rate > 0 and len(steps(points, size)[0]) < 3:
+    # Not on a staircase (three or more steps, of any size beyond noise): between its steps it is as flat.
+    if span > min_span and rate > 0 and len(steps(points, size, least=0.0)[0]) < 3:
         now_rate = consumption(tail)
         if now_rate is not None and now_rate < CONSISTENT * rate \
                 and (rate - now_rate) * min_span > 4 * _jitter(tail) + NOISE_RATE * size * min_span:
@@ -307,9 +307,10 @@ def fill_trend(avail: Points, size: float, now: float, window: float, min_span: 
     if not drops:
         writes = jumps(pts, size, rising=False)
         if len(writes) == 1 and pts[-1][0] - writes[0].ts >= min_span and writes[0].index > 0 \
-                and _burst(pts, writes[0]):
+                and _burst(pts, writes[0]) and len(steps(pts, size, least=0.0)[0]) < 3:
             # One large write (a dataset download, a single checkpoint) and quiet since: in the middle
-            # of the window it would tilt the whole fit; what happened after it is the trend.
+            # of the window it would tilt the whole fit; what happened after it is the trend. Not the
+            # one write of a rhythm that happened to pass the deletion-sized mark.
             pts = pts[writes[0].index:]
     span = pts[-1][0] - pts[0][0]
     fitted = regime(_without_drops(pts, drops) if drops else pts, size, min_span)
