@@ -228,7 +228,7 @@ def test_cleanup_freed_counter_follows_the_audit_totals(tmp_path):
         daemon.cycle()
         assert daemon.readings.cleanup_freed is None  # no cleanup ever: no counter family
         assert "trainguard_cleanup_freed_bytes" not in scrape(daemon.readings)
-        audit = AuditLog(StateDb(str(state_dir), check=False).connect())
+        audit = AuditLog(StateDb(str(state_dir), check=None).connect())
         audit.record("old-checkpoints", "/data", "/data/ckpt-1.pt", 3 * 2**30, 1, "older than the newest 3")
         audit.flush()
         audit.conn.close()

@@ -113,7 +113,7 @@ def test_an_alert_delivered_while_its_outcome_cannot_be_written_is_not_sent_agai
     from tests.test_notify_delivery import FakeClock
 
     clock = FakeClock()
-    db = StateDb(str(tmpfs_mount / "state"), check=False)
+    db = StateDb(str(tmpfs_mount / "state"), check=None)
     os.makedirs(db.state_dir)
     writes = WriteHealth(db.path, clock.time)
     notify = configmod.parse({"notify": {"targets": [{"name": "hook", "timeout": "2s",

@@ -13,7 +13,7 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     from trainguard.actions.cleanup.audit import AuditLog
     from trainguard.actions.cleanup.report import printable, summary_lines
     from trainguard.actions.cleanup.runner import CleanupRunner, Item
-    from trainguard.store.state import StateDb, StateDirError, choose_state_dir
+    from trainguard.store.state import SCHEMA, StateDb, StateDirError, choose_state_dir
     from trainguard.units import format_bytes, format_duration
 
     loaded = load(args, quiet=True)
@@ -39,7 +39,7 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     if not args.dry_run:
         try:
             db = StateDb(choose_state_dir(args.state_dir or loaded.config.general.state_dir,
-                                          explicit=bool(args.state_dir)))
+                                          explicit=bool(args.state_dir)), check=SCHEMA)
         except StateDirError as exc:
             print(f"trainguard: {exc}", file=sys.stderr)
             return EXIT_CONFIG
@@ -68,7 +68,7 @@ def cmd_mirror(args: argparse.Namespace) -> int:
     SIGTERM or SIGINT ends the copy (its copier killed and reaped) and exits 128 + the signal."""
     from trainguard.actions.mirror.probe import probe_dest
     from trainguard.actions.mirror.runner import MirrorRunner
-    from trainguard.store.state import StateDb, choose_state_dir
+    from trainguard.store.state import SCHEMA, StateDb, choose_state_dir
     from trainguard.units import format_bytes
 
     loaded = load(args, quiet=True)
@@ -83,7 +83,7 @@ def cmd_mirror(args: argparse.Namespace) -> int:
     if not chosen:
         print("no enabled mirrors (see [[mirror]] in config.example.toml)")
         return EXIT_OK
-    db = StateDb(choose_state_dir(args.state_dir or loaded.config.general.state_dir))
+    db = StateDb(choose_state_dir(args.state_dir or loaded.config.general.state_dir), check=SCHEMA)
     status = EXIT_OK
     with _Interrupts() as interrupts:
         for mirror in chosen:
