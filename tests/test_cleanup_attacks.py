@@ -274,3 +274,55 @@ def test_a_directory_renamed_out_of_the_root_during_a_run_is_not_cleaned_further
     assert all(p.startswith(str(root / "job" / "run") + "/") for p in rows)
     assert not set(left) & {os.path.basename(p) for p in rows}  # every row is a file that really went
     assert report.skipped.get("moved") == 1
+
+
+@pytest.mark.parametrize("when", ["between the count and the deletion", "between two batches of the deletion",
+                                  "swapped for a directory from outside"])
+@pytest.mark.parametrize("compiled", [False, True], ids=["python-judge", "compiled-judge"])
+def test_a_directory_renamed_out_of_the_root_after_a_guarded_count_is_not_cleaned(tmp_path, monkeypatch, compiled,
+                                                                                  when):
+    """A guarded run deletes what its count remembered, reopening each directory below the root: one
+    renamed away since is not followed, and one renamed away between two batches is noticed before
+    the next."""
+    from trainguard.actions.cleanup import age_fast, remembered
+    from trainguard.actions.cleanup.audit import AuditLog
+
+    if compiled and not age_fast.ENABLED:
+        pytest.skip("trainguard.actions.cleanup._agescan is not built")
+    monkeypatch.setattr(age_fast, "ENABLED", compiled)
+    monkeypatch.setattr(remembered, "CHUNK", 30)
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    outside.mkdir()
+    for i in range(200):
+        make(root / "job" / "run" / f"f{i:03d}.dat")
+        make(outside / "precious" / f"f{i:03d}.dat")  # the same names, as old, outside the root
+    opened, batches = [], []
+
+    def hook(event: str, relpath: str) -> None:
+        if relpath != "job/run":
+            return
+        if event == "open_dir":
+            opened.append(relpath)  # the count's walk, then the deletion's reopening
+        if len(opened) < 2:
+            return
+        if event == "open_dir" and when != "between two batches of the deletion" or \
+                event == "batch" and len(batches) == 1 and when == "between two batches of the deletion":
+            os.rename(root / "job" / "run", outside / "run")
+            if when == "swapped for a directory from outside":
+                os.rename(outside / "precious", root / "job" / "run")
+        if event == "batch":
+            batches.append(relpath)
+
+    conn = sqlite3.connect(tmp_path / "state.db", isolation_level=None)
+    report = runner(tmp_path, DAY, hook=hook, audit=AuditLog(conn)).run(
+        policy(roots=[str(root)], type="age", age_by=["mtime"], max_delete=1000, older_than="3d"))
+    left = sorted(p.name for p in (outside / "run").iterdir())
+    rows = [p for (p,) in conn.execute("SELECT path FROM cleanup_audit")]
+    went = 30 if when == "between two batches of the deletion" else 0
+    assert report.planned_files == 200 and not report.guard
+    assert len(left) == 200 - went and len(rows) == went == report.files
+    assert all(p.startswith(str(root / "job" / "run") + "/") for p in rows)
+    assert not set(left) & {os.path.basename(p) for p in rows}
+    assert report.skipped.get("moved", 0) + report.skipped.get("vanished", 0) == 1
+    if when == "swapped for a directory from outside":
+        assert len(list((root / "job" / "run").iterdir())) == 200 and report.skipped.get("moved") == 1

@@ -156,11 +156,17 @@ def test_a_due_entry_the_open_file_index_holds_back_stays(tmp_path, max_delete):
     assert names(root) == {"big.dat"} and report.skipped == {"unverifiable-open": 1}
 
 
+@pytest.mark.parametrize("remembered", [True, False], ids=["remembered", "walked-again"])
 @pytest.mark.parametrize("compiled", [False, True], ids=["python-judge", "compiled-judge"])
-def test_max_delete_is_a_hard_bound_when_more_becomes_due_after_the_count(tmp_path, monkeypatch, compiled):
+def test_max_delete_is_a_hard_bound_when_more_becomes_due_after_the_count(tmp_path, monkeypatch, compiled,
+                                                                          remembered):
+    from trainguard.actions.cleanup import remembered as remembering
+
     if compiled and not age_fast.ENABLED:
         pytest.skip("trainguard.actions.cleanup._agescan is not built")
     monkeypatch.setattr(age_fast, "ENABLED", compiled)
+    if not remembered:  # more due than the count may remember: the deletion walks the roots again
+        monkeypatch.setattr(remembering, "BUDGET", 0)
     roots = [tmp_path / "one", tmp_path / "two"]
     for root in roots:
         for sub in ("a", "b"):
@@ -172,12 +178,18 @@ def test_max_delete_is_a_hard_bound_when_more_becomes_due_after_the_count(tmp_pa
         if event != "batch":
             return
         events.append(relpath)
-        if len(events) == 7:  # both roots counted (3 batches each); the first root's deleting pass begins
-            for i in range(5):  # due too, but not counted: the second root then loses only what is left
+        if len(events) == 7:  # both roots counted (3 batches each); the first root's deletion begins
+            for i in range(5):  # due too, but not counted
                 make(roots[0] / "a" / f"late{i}.dat", age=30 * DAY)
 
     report = runner(tmp_path, DAY, hook=hook).run(
         policy(roots=[str(r) for r in roots], type="age", age_by=["mtime"], older_than="3d", max_delete=13))
-    assert report.planned_files == 12 and report.files == 13 and not report.guard
-    assert sum(1 for r in roots for p in r.rglob("*.dat")) == 17 - 13
-    assert report.skipped.get("max-delete", 0) >= 1
+    late = {p.name for p in (roots[0] / "a").glob("late*")}
+    if remembered:  # only what was counted goes: the late files were never judged
+        assert report.planned_files == 12 == report.files and not report.guard
+        assert late == {f"late{i}.dat" for i in range(5)}
+        assert sum(1 for r in roots for p in r.rglob("*.dat")) == 5
+    else:  # the second walk meets them: the bound stops it, the second root loses only what is left
+        assert report.planned_files == 12 and report.files == 13 and not report.guard
+        assert sum(1 for r in roots for p in r.rglob("*.dat")) == 17 - 13
+        assert report.skipped.get("max-delete", 0) >= 1

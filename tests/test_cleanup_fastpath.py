@@ -255,3 +255,31 @@ def test_audit_rows_written_behind_land_in_order_and_a_failed_write_is_raised(tm
         audit.record("p", "/data", f"/data/g{i}", 1, 1, "age")
     with pytest.raises(sqlite3.OperationalError, match="cleanup_audit"):
         audit.flush()
+
+
+GUARDED = {"one pass": dict(max_delete=False), "remembered": dict(max_delete=10000),
+           "walked again": dict(max_delete=10000)}
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["python-judge", "compiled-judge"])
+@pytest.mark.parametrize("kind", sorted(POLICIES))
+def test_a_guarded_run_deletes_what_the_one_pass_deletes(tmp_path, monkeypatch, kind, compiled):
+    """The guarded run counts and remembers what is due, then deletes only that (remembered.py); past
+    its memory budget it walks again. Both leave the tree the single pass leaves, empty directories
+    removed alike, with the same counts."""
+    from trainguard.actions.cleanup import remembered
+
+    if compiled and not age_fast.ENABLED:
+        pytest.skip("trainguard.actions.cleanup._agescan is not built")
+    results = {}
+    for mode, guard in GUARDED.items():
+        monkeypatch.setattr(remembered, "BUDGET", 0 if mode == "walked again" else 16 << 20)
+        report, left = _run(tmp_path, monkeypatch, mode.replace(" ", "-"), compiled, False,
+                            **dict(POLICIES[kind], **guard))
+        results[mode] = (left, report.files, report.bytes, report.planned_files if guard["max_delete"] else None,
+                         report.dirs_removed, report.guard)
+    one = results.pop("one pass")
+    for mode, got in results.items():
+        assert got[:3] == one[:3] and got[4:] == one[4:], mode
+        assert got[3] == one[1], mode  # the count is what went
+    assert (one[1] > 0 or kind == "newest-of-three") and (one[4] > 0 or kind != "empty-dirs")  # ctimes: now

@@ -1,12 +1,13 @@
 """The age kind (and the caches, which are age with units, locks and a size cap): which passes of
 the age engine (age_fast.Pass) a run makes. Every pass is one scan of the root judging each entry
-from a fresh lstat with every rule just before it is counted or unlinked; nothing is kept per file
-between passes, so memory stays flat.
+from a fresh lstat with every rule just before it is counted or unlinked; between two passes nothing
+is kept per file but a guarded run's due names (remembered.py, bounded), so memory stays flat.
 
 - max_delete = false, no watermark, no dry run: one pass, judging and deleting.
-- a max_delete guard, or a dry run: a counting pass (the plan; a dry run's answer), then, if the
-  guard allows it, a deleting pass bounded by max_delete: never more than the guard allowed,
-  even if more became due in between.
+- a max_delete guard: a counting pass that remembers what is due (remembered.py), then, if the
+  guard allows it, the deletion of only that, bounded by max_delete: never more than the guard
+  allowed, even if more became due in between. Past remembered.BUDGET, a second (deleting) walk.
+- a dry run: the counting pass is the answer.
 - a watermark run or a size cap: a pass that builds an age histogram (constant memory), then a
   deleting pass from the cutoff age that frees what is needed, stopping once it is freed.
 """
@@ -17,6 +18,7 @@ import math
 from dataclasses import dataclass, field
 
 from trainguard.actions.cleanup import policies as sel
+from trainguard.actions.cleanup import remembered
 from trainguard.actions.cleanup.age_fast import Pass
 from trainguard.actions.cleanup.agerules import NO_LIMIT, Bound
 from trainguard.actions.cleanup.guard import Root
@@ -37,6 +39,7 @@ class AgePlan:
     cap_need: int = 0
     young: int = 0  # eligible but newer than older_than
     inline_done: bool = False  # deleted during the counting pass (one pass)
+    remembered: list | None = None  # where the due entries are (remembered.Remembering.dirs)
     problems: dict[str, int] = field(default_factory=dict)  # quiet skips seen while planning
 
 
@@ -49,6 +52,10 @@ class AgeKind:
             p = Pass(ctx, root, older_than, delete=True, remove_dirs=policy.remove_empty_dirs)
             p.run()
             plan = AgePlan(p.files, p.bytes, young=p.young, inline_done=True)
+        elif isinstance(policy, AgePolicy) and need is None and not ctx.dry_run:
+            p = remembered.Remembering(ctx, root, older_than, policy.remove_empty_dirs)
+            p.run()
+            plan = AgePlan(p.files, p.bytes, young=p.young, remembered=p.dirs)
         elif need is None and not capped:
             p = Pass(ctx, root, older_than, reports=ctx.dry_run)
             p.run()
@@ -81,6 +88,11 @@ class AgeKind:
         elif ctx.dry_run and ctx.tally.on_item is None:
             ctx.tally.files += planned.files  # the counting pass is the answer: no second scan
             ctx.tally.bytes += planned.bytes
+        elif plan.remembered is not None:
+            older_than = ctx.policy.older_than if ctx.policy.older_than is not None else math.inf
+            problems.append(remembered.delete_remembered(ctx, root, plan.remembered, older_than,
+                                                         Bound(*_left(ctx.policy.max_delete, ctx)),
+                                                         ctx.policy.remove_empty_dirs))
         else:
             problems += _delete(ctx, root, plan, need)
         for seen in problems:  # a skip seen in more than one pass counts once

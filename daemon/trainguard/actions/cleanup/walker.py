@@ -154,7 +154,7 @@ class Listing:
         return [e.name for e in islice(self.entries, max(1, size // 32))]
 
 
-def _place(fd: int) -> bytes | None:
+def place_of(fd: int) -> bytes | None:
     try:
         return os.readlink(b"/proc/self/fd/%d" % fd)
     except OSError:
@@ -165,7 +165,7 @@ def in_place(lst: Listing) -> bool:
     """Whether the directory is still where the scan entered it below its root: not renamed out
     (itself or an ancestor), not removed. One readlink of /proc/self/fd; without /proc, one
     fstatat per level up to the root."""
-    if lst.place is not None and (now := _place(lst.fd)) is not None:
+    if lst.place is not None and (now := place_of(lst.fd)) is not None:
         return now == lst.place
     while lst.parent is not None:
         try:
@@ -200,7 +200,7 @@ def scan(root_fd: int, *, dev: int, on_problem: Callable[[WalkProblem], None], h
     first = os.dup(root_fd)
     try:
         os.lseek(first, 0, os.SEEK_SET)
-        root = Listing(first, "", "", os.fstat(first), None, _place(first))
+        root = Listing(first, "", "", os.fstat(first), None, place_of(first))
     except OSError as exc:
         os.close(first)
         on_problem(WalkProblem(".", classify_error(exc), exc.strerror or str(exc)))
