@@ -71,20 +71,27 @@ def copy(template: str, root: str) -> None:
     subprocess.run(["find", root, "-mtime", "+100000", "-print"], check=True, stdout=subprocess.DEVNULL)
 
 
-def run(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, int, str]:
-    """(seconds from start to exit, peak RSS in KiB, stdout) of one whole process."""
+def run(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, int, str, int]:
+    """(seconds from start to exit, peak RSS in KiB, the start of stdout, its lines) of one whole process.
+
+    stdout is counted as it comes, never kept whole: a child's peak RSS (ru_maxrss) starts from this
+    process's own peak at the spawn (Linux carries the old mm's high-water mark across exec), so half a
+    million listed paths held here would show up as the next command's memory."""
     with tempfile.TemporaryFile() as err:
         t = time.perf_counter()
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, env=env)
-        out = proc.stdout.read()
+        head, lines = b"", 0
+        while chunk := proc.stdout.read(1 << 16):
+            lines += chunk.count(b"\n")
+            head = head if len(head) >= 1 << 16 else head + chunk
         _pid, status, usage = os.wait4(proc.pid, 0)
         took = time.perf_counter() - t
         proc.returncode = os.waitstatus_to_exitcode(status)
         proc.stdout.close()
         if proc.returncode != 0:
             err.seek(0)
-            sys.exit(f"{' '.join(argv)} failed ({proc.returncode}):\n{out.decode()}\n{err.read().decode()}")
-    return took, usage.ru_maxrss, out.decode()
+            sys.exit(f"{' '.join(argv)} failed ({proc.returncode}):\n{head.decode()}\n{err.read().decode()}")
+    return took, usage.ru_maxrss, head.decode(errors="replace"), lines
 
 
 def cli_env() -> dict[str, str]:
@@ -127,7 +134,7 @@ class OneSize:
         """(seconds, peak RSS KiB, files it deleted or would delete) of trainguard cleanup."""
         argv = [sys.executable, "-m", "trainguard", "cleanup", "--config", self.config, "--state-dir", self.state,
                 "--policy", policy] + (["--dry-run"] if dry else [])
-        took, rss, out = run(argv, self.env)
+        took, rss, out, _lines = run(argv, self.env)
         found = FILES_RE.search(out)
         if found is None:
             sys.exit(f"no file count in the cleanup summary:\n{out}")
@@ -143,7 +150,7 @@ class OneSize:
         base = {"dry": base_dry, "bounded": self.cleanup("bounded")[1], "one-pass": self.cleanup("one-pass")[1]}
         r["startup"] = startup
         self.fresh()
-        r["find_delete"], _rss, _out = run(["find", self.tree, "-type", "f", "-mtime", "+7", "-delete"])
+        r["find_delete"], _rss, _out, _lines = run(["find", self.tree, "-type", "f", "-mtime", "+7", "-delete"])
         left_find = self.left()
         growth = {}
         for policy in ("bounded", "one-pass"):
@@ -152,10 +159,10 @@ class OneSize:
             growth[policy] = rss - base[policy]
             assert self.left() == left_find and deleted == self.files - left_find, (policy, self.left(), left_find)
         self.fresh()
-        r["find_print"], _rss, out = run(["find", self.tree, "-type", "f", "-mtime", "+7", "-print"])
+        r["find_print"], _rss, _out, listed = run(["find", self.tree, "-type", "f", "-mtime", "+7", "-print"])
         r["dry"], rss, would = self.cleanup("bounded", dry=True)
         growth["dry"] = rss - base["dry"]
-        assert would == out.count("\n") == self.files - left_find, (would, out.count("\n"))
+        assert would == listed == self.files - left_find, (would, listed)
         r.update({f"growth_{k}": v / 1024 for k, v in growth.items()})
         r["growth_mib"] = max(growth.values()) / 1024
         subprocess.run(["rm", "-rf", self.tree], check=True)
