@@ -58,8 +58,8 @@ class Remembering(Pass):
         self.remember([name for name, _b, _a in gone])
 
     def issue(self, lst: walker.Listing, name: str, code: int, err: int, ino: int, nbytes: int) -> None:
-        if code == agerules.OPEN and self.dirs is not None:
-            self.remember([name])  # judged again when deleting: if due and still open, named with its holder
+        if code in (agerules.OPEN, agerules.HELD_BACK) and self.dirs is not None:
+            self.remember([name])  # judged again when deleting: if due and still held, reported with its path
         else:
             super().issue(lst, name, code, err, ino, nbytes)
 
