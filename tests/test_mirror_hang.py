@@ -33,16 +33,17 @@ HUNG_BOUND = 15.0  # what a user waits at most for `mirror --once` on a hung sha
 PROBE_TIMEOUT = configmod.Config().filesystems.probe_timeout
 
 
-def copiers(pid: int | None = None, *, besides: tuple[int, ...] = ()) -> list[int]:
+def copiers(pid: int | None = None, *, besides: tuple[int, ...] = (), zombies: bool = True) -> list[int]:
     """PIDs of the copier processes among pid's children (this process by default). A killed copier whose copy
-    thread sits in the kernel shows as a zombie with no command line: any child but `besides` counts then."""
+    thread sits in the kernel shows as a zombie with no command line: any child but `besides` counts then
+    (zombies=False: never; the share's probe child, gone but not yet reaped, is one too)."""
     out = []
     for child in psutil.Process(pid or os.getpid()).children():
         try:
             if COPIER in child.cmdline():
                 out.append(child.pid)
         except psutil.ZombieProcess:
-            if child.pid not in besides:
+            if zombies and child.pid not in besides:
                 out.append(child.pid)
         except psutil.NoSuchProcess:
             pass
@@ -120,10 +121,10 @@ def test_sigterm_to_mirror_once_kills_and_reaps_its_copier(tmp_path, slowfs, sig
                            stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60  # a bound on waiting for the event, not a timing claim
-        while not copiers(cli.pid) and time.monotonic() < deadline and cli.poll() is None:
+        while not (found := copiers(cli.pid, zombies=False)) and time.monotonic() < deadline and cli.poll() is None:
             time.sleep(0.02)
         assert cli.poll() is None, cli.communicate()
-        [copier] = copiers(cli.pid)
+        [copier] = found
         while not slowfs.stats()["calls"].get("write") and time.monotonic() < deadline:
             time.sleep(0.02)  # the copy is under way on the share
         cli.send_signal(signum)  # SIGINT: Ctrl-C, which the copier (in its own session) does not get
