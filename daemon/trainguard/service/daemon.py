@@ -315,16 +315,26 @@ class Daemon:
         self.sd.close()
 
     def install_signal_handlers(self) -> None:
-        def stop(signum, _frame):
-            log.info("received %s, stopping", signal.Signals(signum).name)
-            self.stop_event.set()
+        """SIGTERM/SIGINT stop, SIGHUP reloads. A Python handler runs in the main thread between two
+        bytecodes, possibly inside Event.wait() holding the very lock set() takes (a plain Lock: a
+        deadlock, seen as a daemon that ignored SIGINT). So the handlers do nothing; the kernel's
+        signal number comes through set_wakeup_fd to a thread that logs and sets the events."""
+        read_end, write_end = os.pipe2(os.O_CLOEXEC)
+        os.set_blocking(write_end, False)
+        signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, lambda _n, _f: None)
 
-        def reload(_signum, _frame):
-            self.reload_event.set()
+        def relay() -> None:
+            while data := os.read(read_end, 64):
+                for signum in data:
+                    if signum == signal.SIGHUP:
+                        self.reload_event.set()
+                    elif signum in (signal.SIGTERM, signal.SIGINT):
+                        log.info("received %s, stopping", signal.Signals(signum).name)
+                        self.stop_event.set()
 
-        signal.signal(signal.SIGTERM, stop)
-        signal.signal(signal.SIGINT, stop)
-        signal.signal(signal.SIGHUP, reload)
+        threading.Thread(target=relay, name="trainguard-signals", daemon=True).start()
 
 
 class _Waking(threading.Event):
