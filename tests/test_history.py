@@ -9,7 +9,7 @@ import sqlite3
 import pytest
 from trainguard import config as configmod
 from trainguard.store.history import History
-from trainguard.store.state import DB_NAME, StateDb, read_only
+from trainguard.store.state import DB_NAME, SCHEMA, StateDb, read_only
 
 T0 = 1_700_000_000.0
 
@@ -169,6 +169,20 @@ def test_damaged_pages_are_detected(tmp_path, caplog):
         db = StateDb(str(tmp_path))
     assert "unusable" in caplog.text
     History(db.connect(), now=T0).record(T0 + 1, {"s": 1.0})
+
+
+def test_a_one_off_command_checks_the_header_and_schema_only(tmp_path, caplog):
+    """`cleanup` and `mirror` open the database with check=SCHEMA: garbage is moved aside as at the
+    daemon's start, a good file of any size is taken without reading every page."""
+    (tmp_path / DB_NAME).write_bytes(b"this is not a database" * 500)
+    with caplog.at_level(logging.WARNING):
+        db = StateDb(str(tmp_path), check=SCHEMA)
+    assert "moved it to" in caplog.text
+    History(db.connect(), now=T0).record(T0, {"s": 1.0})
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        again = StateDb(str(tmp_path), check=SCHEMA)
+    assert not caplog.text and History(again.connect(), now=T0).latest("s") == (T0, 1.0)
 
 
 def test_an_unopenable_database_is_moved_aside(tmp_path, caplog):
