@@ -272,7 +272,7 @@ class Pass:
         """A directory the pass finished: removed if it is empty now and was old before it was cleaned
         (aged by mtime/ctime only: reading a directory bumps its atime)."""
         ctx = self.ctx
-        if ctx.dry_run or ctx.now - max(lst.st.st_mtime, lst.st.st_ctime) < self.rule.older_than:
+        if ctx.dry_run or not self.aged_dir(lst.st):
             return
         if lst.data is False or not walker.in_place(lst.parent):
             return  # it left the root, or its parent did
@@ -288,6 +288,9 @@ class Pass:
             ctx.tools.audit.record(ctx.policy.name, self.root.mount, full_path(self.root, lst.path) + "/", 0, 0,
                                    "empty directory")
         ctx.tally.dirs += 1
+
+    def aged_dir(self, st: os.stat_result) -> bool:
+        return self.ctx.now - max(st.st_mtime, st.st_ctime) >= self.rule.older_than
 
     def dir_path(self, lst: walker.Listing) -> str:
         return full_path(self.root, lst.path)

@@ -77,7 +77,7 @@ class Remembering(Pass):
 
     def may_remove(self, st: os.stat_result) -> bool:
         """An empty directory is removed if it was old before it was cleaned (Pass.rmdir's rule)."""
-        return self.rmdir_old and self.ctx.now - max(st.st_mtime, st.st_ctime) >= self.rule.older_than
+        return self.rmdir_old and self.aged_dir(st)
 
 
 def delete_remembered(ctx: Ctx, root: Root, dirs: list[list], older_than: float, bound: Bound,
@@ -92,7 +92,7 @@ def delete_remembered(ctx: Ctx, root: Root, dirs: list[list], older_than: float,
             if chunks and not p.stopped:
                 _delete_in(p, root, path, name, st, chunks)
             if remove_dirs and path:
-                parent = parents.get(path.rpartition("/")[0], p)
+                parent = parents.get(path.rpartition("/")[0])
                 if parent is not None:
                     gone = walker.Listing(-1, path, name, st, parent, None)
                     gone.done = True
@@ -138,7 +138,7 @@ class _Parents:
     def __init__(self, root: Root):
         self.root, self.path, self.lst = root, None, None
 
-    def get(self, path: str, p: Pass) -> walker.Listing | None:
+    def get(self, path: str) -> walker.Listing | None:
         if path != self.path:
             self.close()
             self.path = path
