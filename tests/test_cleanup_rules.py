@@ -121,3 +121,36 @@ def test_the_boundaries_are_exact(tmp_path):
     for compiled in (True, False):
         got = judge(str(tmp_path / "t"), names, entries, Rule(0, 2, now, DAY, now - 60), False, Bound(), True, compiled)
         assert [g[0] for g in got[0]] == ["due"] and got[5] == 1
+
+
+@pytest.mark.parametrize("delete", [False, True])
+def test_a_large_count_split_over_threads_decides_as_one_thread_does(tmp_path, delete):
+    """A count of many names is judged on several threads (deleting never is): the result is the
+    same, entry by entry and in order, as one thread's and as the Python judge's."""
+    now = T0 + DAY / 2
+    kinds = ("file", "file", "empty", "symlink", "dir", "fifo", "hardlink")
+    entries = [(f"n{i:04d}", kinds[i % len(kinds)], -(i % 40) * DAY, -(i % 37) * DAY + 17.5, i % 3, i % 11 == 0,
+                i % 13 != 0) for i in range(1500)]
+    rule, bound = Rule(0, 2, now, 10 * DAY, now - 60), Bound(400, -1, -1)
+    results = {}
+    for how in ("threads", "one", "python"):
+        root = str(tmp_path / how)
+        names = build(root, entries, now, rule.older_than, rule.changed_after)
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            by_name = {e[0]: e for e in entries}
+            inos = array("Q", sorted(os.lstat(os.path.join(root, n)).st_ino for n in names if by_name[n][5]))
+            wanted = bytes(by_name[n][6] for n in names)
+            r = rule._replace(dev=os.fstat(fd).st_dev)
+            if how == "python":
+                got = agerules.judge_batch(fd, names, wanted, r, inos.tobytes(), delete, bound, True, False)
+            else:
+                got = agerules.Batch(*agerules._agescan.age_batch(fd, names, wanted, *r, inos.tobytes(), delete,
+                                                                  *bound, True, 4 if how == "threads" else 1))
+        finally:
+            os.close(fd)
+        results[how] = ([g[:2] for g in got.gone], [d[0] for d in got.dirs], [i[:3] + i[4:] for i in got.issues],
+                        got.files, got.bytes, got.young, got.grace, sorted(os.listdir(root)))
+    assert results["threads"] == results["one"] == results["python"]
+    files, young = results["one"][3], results["one"][5]
+    assert young > 0 and (files == 400 if delete else files > 400)  # the bound stopped the deletion, not the count

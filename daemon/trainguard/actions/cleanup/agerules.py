@@ -27,6 +27,9 @@ IGNORED, IS_DIR, STAT_ERROR, OTHER_DEV, GRACE, YOUNG, OPEN, EXPIRED, UNLINK_ERRO
 HELD_BACK = 10  # Python only: due, but a process whose files could not be read could hold it (hold_back)
 AGE_BITS = {"atime": 1, "mtime": 2, "ctime": 4}
 NO_LIMIT = -1
+# Threads the compiled judge counts a large batch on (the lstats; deleting is always one thread):
+# the CPUs this process may run on, at most 4 (a batch is a directory's names, ~1,000 at a time).
+COUNT_THREADS = max(1, min(4, len(os.sched_getaffinity(0))))
 
 
 class Rule(NamedTuple):
@@ -85,7 +88,8 @@ def judge_batch(dir_fd: int, names: list[str], wanted: bytes | None, rule: Rule,
     ("judged" and "before_delete", for tests that race one entry) and hold_back(lstat) (a due
     entry it says could be open stays: HELD_BACK; only this judge has that rule)."""
     if compiled and _agescan is not None and hold_back is None:
-        return Batch(*_agescan.age_batch(dir_fd, names, wanted, *rule, open_inos, delete, *bound, listed))
+        return Batch(*_agescan.age_batch(dir_fd, names, wanted, *rule, open_inos, delete, *bound, listed,
+                                         COUNT_THREADS))
     if is_open is None:
         inos = set(memoryview(open_inos).cast("Q")) if open_inos else set()
         is_open = inos.__contains__
