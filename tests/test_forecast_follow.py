@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from trainguard.config import Forecast
-from trainguard.detectors.follow import follow_trend
+from trainguard.detectors.follow import Fit, _carried, follow_trend
 from trainguard.detectors.forecast import level
-from trainguard.detectors.trend import fill_trend
+from trainguard.detectors.trend import Trend, fill_trend
 from trainguard.records import Severity
 from trainguard.store.history import History
 
@@ -102,3 +104,17 @@ def test_a_staircase_that_stops_is_not_counted_down_to_full():
             assert trend is None or trend.eta is None, (t, trend)
             assert alert is None, (t, trend)
     assert stopped_at is not None
+
+
+def test_a_carried_trend_keeps_every_field_of_the_fit_and_moves_its_times_on():
+    """Each field of the last full fit reaches the carried trend (a field added to Trend included):
+    the times to an event shorten by the time passed, the evidence grows by it, the rest is kept."""
+    names = [f.name for f in dataclasses.fields(Trend)]
+    fitted = Trend(**{name: 100.0 + i for i, name in enumerate(names)})
+    prev = Fit(fitted, at=1000.0, last_ts=1000.0, anchor=0.0, size=1.0, tolerance=1.0, floor=0.0, refit_at=2000.0)
+    carried = _carried(prev, 1030.0)
+    shortened = {"eta", "next_cleanup_in", "eta_without_cleanup", "eta_early"}
+    for name in names:
+        was, now = getattr(fitted, name), getattr(carried, name)
+        expected = was - 30.0 if name in shortened else was + 30.0 if name == "evidence" else was
+        assert now == expected, name

@@ -117,10 +117,12 @@ def _carried(prev: Fit, now: float) -> Trend:
     def later(x: float | None) -> float | None:
         return None if x is None else max(x - dt, 0.0)
 
-    return dataclasses.replace(trend, eta=later(trend.eta), evidence=trend.evidence + dt,
-                               next_cleanup_in=later(trend.next_cleanup_in),
-                               eta_without_cleanup=later(trend.eta_without_cleanup),
-                               eta_early=later(trend.eta_early))
+    # Built field by field: dataclasses.replace costs twice as much, and this runs per mount per cycle.
+    return Trend(slope=trend.slope, span=trend.span, points=trend.points, eta=later(trend.eta),
+                 cleanup_every=trend.cleanup_every, cleanup_frees=trend.cleanup_frees, cleanup_low=trend.cleanup_low,
+                 evidence=trend.evidence + dt, cycles=trend.cycles, next_cleanup_in=later(trend.next_cleanup_in),
+                 eta_without_cleanup=later(trend.eta_without_cleanup), cleanup_missed=trend.cleanup_missed,
+                 eta_error=trend.eta_error, eta_early=later(trend.eta_early))
 
 
 def follow_trend(prev: Fit | None, read: Reader, size: float, now: float, cfg) -> tuple[Trend | None, Fit]:
