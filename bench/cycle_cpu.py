@@ -15,7 +15,9 @@ see the same load on a shared machine; the figures are medians over the rounds.
 
 Per second of running time, as a user sees them side by side (the target): the daemon runs its own
 loop (`Daemon.run`, real time, its default interval) for `--slots` slots of `--scrape-every` seconds
-(15 s), and in each slot both node_exporter's and trainguard's /metrics are scraped once. Each side's
+(15 s), and in each slot both node_exporter's and trainguard's /metrics are scraped once, as Prometheus
+scrapes (one connection kept open to each, gzip asked for; `--fresh-connections`: a new connection and
+plain text each time, as the README's earlier rows were measured). Each side's
 CPU over the same wall time, its idle work between cycles or scrapes included: node_exporter's from
 /proc/<pid>/stat, the daemon's as this process's CPU less the benchmark's own thread (the scrapes).
 """
@@ -24,13 +26,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
 import os
 import statistics
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
+import urllib.parse
 
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path[:0] = [os.path.join(REPO, "daemon"), REPO, os.path.dirname(os.path.abspath(__file__))]
@@ -68,25 +71,49 @@ def cycle_cpu(d: Daemon, cycles: int) -> float:
     return (time.process_time() - c0) / cycles
 
 
-def scrape_cpu(pid: int, url: str, scrapes: int, headers: dict | None = None) -> float:
-    c0 = cpu_seconds(pid)
-    for _ in range(scrapes):
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=10) as r:
-            r.read()
-    return (cpu_seconds(pid) - c0) / scrapes
-
-
 # What Prometheus sends: with gzip, each exporter also compresses its answer.
 PROMETHEUS_HEADERS = {"Accept": "text/plain;version=0.0.4;q=1,*/*;q=0.1", "Accept-Encoding": "gzip"}
 
 
+class Scraper:
+    """GETs one /metrics URL as Prometheus does: one connection kept open between scrapes, gzip asked
+    for. `fresh`: a new connection and plain text every time (how the README's earlier rows scraped)."""
+
+    def __init__(self, url: str, fresh: bool = False):
+        parts = urllib.parse.urlsplit(url)
+        self.host, self.port, self.path, self.fresh = parts.hostname, parts.port, parts.path, fresh
+        self.conn: http.client.HTTPConnection | None = None
+
+    def get(self) -> None:
+        if self.conn is None or self.fresh:
+            self.conn = http.client.HTTPConnection(self.host, self.port, timeout=10)
+        self.conn.request("GET", self.path, headers={} if self.fresh else PROMETHEUS_HEADERS)
+        answer = self.conn.getresponse()
+        answer.read()
+        if self.fresh:
+            self.conn.close()
+        if answer.status != 200:
+            raise RuntimeError(f"{self.host}:{self.port}{self.path} answered {answer.status}")
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+
+
+def scrape_cpu(pid: int, scraper: Scraper, scrapes: int) -> float:
+    c0 = cpu_seconds(pid)
+    for _ in range(scrapes):
+        scraper.get()
+    return (cpu_seconds(pid) - c0) / scrapes
+
+
 def real_time(d: Daemon, node: tuple, slots: int, every: float, *, scrape_ours: bool = True,
-              headers: dict | None = None) -> tuple[float, float, int]:
+              fresh: bool = False) -> tuple[float, float, int]:
     """(daemon CPU per second, node_exporter CPU per second, cycles run) over `slots` real slots, the
     daemon running its own loop; node_exporter's /metrics (and the daemon's, with scrape_ours) are
     scraped once per slot."""
     ours = f"http://127.0.0.1:{d.config.metrics.address[1]}/metrics"
-    urls = [node[1], ours] if scrape_ours else [node[1]]
+    scrapers = [Scraper(url, fresh) for url in ([node[1], ours] if scrape_ours else [node[1]])]
     cycles = [0]
     cycle = d.cycle
 
@@ -100,9 +127,8 @@ def real_time(d: Daemon, node: tuple, slots: int, every: float, *, scrape_ours: 
     time.sleep(2.0)  # its first cycle and the metrics port
     c0, m0, n0, w0 = time.process_time(), time.thread_time(), cpu_precise(node[0].pid), time.monotonic()
     for k in range(slots):
-        for url in urls:
-            with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=10) as r:
-                r.read()
+        for scraper in scrapers:
+            scraper.get()
         time.sleep(max(w0 + (k + 1) * every - time.monotonic(), 0.0))
     wall = time.monotonic() - w0
     mine = (time.process_time() - c0) - (time.thread_time() - m0)
@@ -112,6 +138,8 @@ def real_time(d: Daemon, node: tuple, slots: int, every: float, *, scrape_ours: 
         print(f"  node_exporter: thread run times {node_cpu * 1e3:.0f} ms, process {ticks * 1e3:.0f} ms; "
               "using the process's", file=sys.stderr)
         node_cpu = ticks
+    for scraper in scrapers:
+        scraper.close()
     d.stop_event.set()
     loop.join(30)
     return mine / wall, node_cpu / wall, cycles[0]
@@ -127,7 +155,8 @@ def main() -> int:
     ap.add_argument("--scrape-every", type=float, default=15.0, help="seconds between scrapes (per-second figure)")
     ap.add_argument("--slots", type=int, default=16, help="real scrape intervals the per-second figure is taken over")
     ap.add_argument("--no-scrape-ours", action="store_true", help="serve the daemon's /metrics but scrape nobody's")
-    ap.add_argument("--gzip", action="store_true", help="scrape with Prometheus's headers (gzip-compressed answers)")
+    ap.add_argument("--fresh-connections", action="store_true",
+                    help="a new connection and plain text per scrape, not Prometheus's kept connection and gzip")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("needs root: it mounts tmpfs filesystems", file=sys.stderr)
@@ -142,14 +171,16 @@ def main() -> int:
         points = [str(stack.enter_context(tmpfs(4 * 2**20))) for _ in range(args.mounts)]
         d = build(points, args.gpus, os.path.join(tmp, "state"))
         stack.callback(d.close)  # again after run() closed it: closing twice is harmless
-        scrape_cpu(ref[0].pid, ref[1], 3)  # warm
+        node_scraper = Scraper(ref[1], args.fresh_connections)
+        stack.callback(node_scraper.close)
+        scrape_cpu(ref[0].pid, node_scraper, 3)  # warm
         for _ in range(args.rounds):
             ours.append(cycle_cpu(d, args.cycles))
-            theirs.append(scrape_cpu(ref[0].pid, ref[1], args.scrapes, PROMETHEUS_HEADERS if args.gzip else None))
+            theirs.append(scrape_cpu(ref[0].pid, node_scraper, args.scrapes))
         interval = d.cycle_interval()
         mine_per_s, node_per_s, ran = real_time(d, ref, args.slots, args.scrape_every,  # run() closes it
                                                 scrape_ours=not args.no_scrape_ours,
-                                                headers=PROMETHEUS_HEADERS if args.gzip else None)
+                                                fresh=args.fresh_connections)
     mine, node = statistics.median(ours), statistics.median(theirs)
     print(f"{args.mounts} tmpfs mounts + {args.gpus} GPUs (NVML fake), {args.rounds} rounds of {args.cycles} cycles "
           f"/ {args.scrapes} scrapes, medians")
@@ -161,7 +192,8 @@ def main() -> int:
     print(f"  per cycle / {interval:.0f} s interval      : {mine / interval * 1e3:7.3f} ms/s  (cycles only)")
     scraped = "node_exporter's /metrics" if args.no_scrape_ours else "both /metrics"
     print(f"  real time, {args.slots} slots of {args.scrape_every:.0f} s, {scraped} scraped once a slot"
-          f"{' (gzip)' if args.gzip else ''}, idle work included:")
+          f"{' (new connection, plain)' if args.fresh_connections else ' (kept connection, gzip)'}, "
+          "idle work included:")
     print(f"  trainguard CPU per second      : {mine_per_s * 1e3:7.3f} ms  ({ran} cycles at its {interval:.0f} s interval)")
     print(f"  node_exporter CPU per second   : {node_per_s * 1e3:7.3f} ms")
     print(f"  ratio per second               : {mine_per_s / node_per_s:7.2f}x (target <= 1)")
