@@ -1,15 +1,21 @@
-"""The /metrics text writer: what it writes parses back to what prometheus_client's own writer gives."""
+"""The /metrics text writer: what it writes parses back to what prometheus_client's own writer gives;
+and the HTTP server of the metrics port, over real sockets on loopback."""
 
 from __future__ import annotations
 
 import gzip
+import http.client
+import logging
 import math
+import socket
+import time
 
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
+from trainguard.surfaces import pages
 from trainguard.surfaces.exposition import MetricsApp, render, value_text
 
 
@@ -116,3 +122,145 @@ def test_written_series_follow_their_labels_across_scrapes():
     names.MAX_SERIES = 2
     one("/c", 4)
     assert len(names.series) <= 2  # a churning label set does not grow it without bound
+
+
+class Broken:
+    """collect() for a MetricsApp that fails while `failing` is set."""
+
+    failing = False
+
+    def __call__(self):
+        if self.failing:
+            raise RuntimeError("collector bug")
+        return families()
+
+
+@pytest.fixture
+def served():
+    """A MetricsApp with a /status page on 127.0.0.1; yields (port, Broken)."""
+    broken = Broken()
+    app = pages.with_pages(MetricsApp(broken, lambda: None), {"/status": lambda: "<p>ok</p>"})
+    httpd, thread = pages.serve("127.0.0.1", 0, app)
+    yield httpd.server_address[1], broken
+    pages.shut_down(httpd, thread)
+
+
+def connection(port: int) -> http.client.HTTPConnection:
+    return http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+
+
+def exchange(port: int, data: bytes) -> bytes:
+    """Send `data` on a new connection; all the server answered until it closed (a timeout fails)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(data)
+        out = b""
+        while chunk := sock.recv(65536):
+            out += chunk
+        return out
+
+
+def test_a_keep_alive_connection_is_kept_from_one_scrape_to_the_next(served):
+    port, _ = served
+    conn = connection(port)
+    conn.request("GET", "/metrics")
+    first = conn.getresponse()
+    plain = first.read()
+    sock = conn.sock
+    conn.request("GET", "/metrics?x=1", headers={"Accept-Encoding": "gzip"})
+    second = conn.getresponse()
+    assert first.status == second.status == 200 and conn.sock is sock is not None
+    assert second.getheader("Content-Encoding") == "gzip" and gzip.decompress(second.read()) == plain
+    assert parsed(plain.decode()) == parsed(render(families()).decode())
+    conn.close()
+
+
+def test_keep_alive_answers_are_not_held_back_by_nagle(served):
+    port, _ = served
+    conn = connection(port)
+    started = time.monotonic()
+    for _ in range(10):  # headers and body in two writes, Nagle on: each answer waits ~40 ms for an ACK
+        conn.request("GET", "/metrics", headers={"Accept-Encoding": "gzip"})
+        conn.getresponse().read()
+    assert time.monotonic() - started < 0.3
+    conn.close()
+
+
+def test_head_405_and_the_status_page_on_one_connection(served):
+    port, _ = served
+    conn = connection(port)
+    conn.request("HEAD", "/metrics")
+    head = conn.getresponse()
+    assert head.status == 200 and int(head.getheader("Content-Length")) > 0 and head.read() == b""
+    conn.request("POST", "/metrics")
+    refused = conn.getresponse()
+    assert refused.status == 405 and "GET" in refused.getheader("Allow") and b"405" in refused.read()
+    conn.request("GET", "/%73tatus?x=1")  # the path decoded, the query apart, as WSGI has them
+    page = conn.getresponse()
+    assert page.status == 200 and page.read() == b"<p>ok</p>" and page.getheader("Content-Type").startswith("text/html")
+    conn.close()
+
+
+def test_a_malformed_request_is_answered_400_and_closed(served):
+    port, _ = served
+    assert exchange(port, b"GET /metrics HTTP/1.1 junk\r\n\r\n").startswith(b"HTTP/1.1 400 ")
+    assert exchange(port, b"NONSENSE\r\n\r\n").startswith(b"HTTP/1.1 400 ")
+
+
+def test_connection_close_from_the_client_is_honoured(served):
+    port, _ = served
+    answer = exchange(port, b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ") and b"\r\nConnection: close" in head
+    assert f"Content-Length: {len(body)}".encode() in head
+
+
+def test_an_app_error_is_a_500_logged_once_and_the_next_scrape_is_served(served, caplog):
+    port, broken = served
+    conn = connection(port)
+    broken.failing = True
+    with caplog.at_level(logging.ERROR, logger="trainguard.surfaces.pages"):
+        conn.request("GET", "/metrics")
+        failed = conn.getresponse()
+        assert failed.status == 500 and b"trainguard log" in failed.read()
+    assert [r.exc_info[0] for r in caplog.records] == [RuntimeError]
+    broken.failing = False
+    conn.request("GET", "/metrics")
+    assert conn.getresponse().status == 200
+    conn.close()
+
+
+def test_a_silent_client_does_not_stop_others_and_a_stalled_one_is_dropped(served, monkeypatch):
+    port, _ = served
+    monkeypatch.setattr(pages.Handler, "timeout", 0.5)
+    with socket.create_connection(("127.0.0.1", port), timeout=5):  # connects and says nothing
+        conn = connection(port)
+        conn.request("GET", "/metrics")
+        assert conn.getresponse().status == 200
+        conn.close()
+    assert exchange(port, b"GET /metr") == b""  # half a request line, then nothing: closed, unanswered
+
+
+def test_shut_down_is_prompt_with_an_idle_keep_alive_connection_open():
+    httpd, thread = pages.serve("127.0.0.1", 0, MetricsApp(families, lambda: None))
+    conn = connection(httpd.server_address[1])
+    conn.request("GET", "/metrics")
+    conn.getresponse().read()
+    started = time.monotonic()
+    pages.shut_down(httpd, thread)
+    assert time.monotonic() - started < 2 and not thread.is_alive()
+    assert conn.sock.recv(1) == b""  # the stopped server answers no more scrapes on it
+    conn.close()
+
+
+def test_an_ipv6_listen_address_is_served():
+    try:
+        httpd, thread = pages.serve("::1", 0, MetricsApp(families, lambda: None))
+    except OSError as exc:
+        pytest.skip(f"no IPv6 loopback: {exc}")
+    try:
+        conn = http.client.HTTPConnection("::1", httpd.server_address[1], timeout=5)
+        conn.request("GET", "/metrics")
+        assert conn.getresponse().status == 200
+        conn.close()
+    finally:
+        pages.shut_down(httpd, thread)
