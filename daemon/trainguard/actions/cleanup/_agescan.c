@@ -127,7 +127,7 @@ static void *judge_span(void *arg) {
     return NULL;
 }
 
-enum { MAX_THREADS = 8, MIN_PER_THREAD = 128 };  /* fewer names than this per thread: not worth a thread */
+enum { MAX_THREADS = 8, MIN_PER_THREAD = 64 };  /* fewer names than this per thread: not worth a thread */
 
 /* judge() every entry; a count of many entries on up to `threads` threads (judge only reads r then). */
 static void judge_all(rule_t *r, entry_t *es, Py_ssize_t n, int threads) {
