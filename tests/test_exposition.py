@@ -214,6 +214,26 @@ def test_connection_close_from_the_client_is_honoured(served):
     assert f"Content-Length: {len(body)}".encode() in head
 
 
+def test_a_page_error_is_a_500_logged_once_and_metrics_are_still_served(caplog):
+    def failing() -> str:
+        raise RuntimeError("page bug")
+
+    app = pages.with_pages(MetricsApp(families, lambda: None), {"/status": failing})
+    httpd, thread = pages.serve("127.0.0.1", 0, app)
+    try:
+        conn = connection(httpd.server_address[1])
+        with caplog.at_level(logging.ERROR, logger="trainguard.surfaces.pages"):
+            conn.request("GET", "/status")
+            failed = conn.getresponse()
+            assert failed.status == 500 and b"trainguard log" in failed.read()
+        assert [r.exc_info[0] for r in caplog.records] == [RuntimeError]
+        conn.request("GET", "/metrics")
+        assert conn.getresponse().status == 200
+        conn.close()
+    finally:
+        pages.shut_down(httpd, thread)
+
+
 def test_an_app_error_is_a_500_logged_once_and_the_next_scrape_is_served(served, caplog):
     port, broken = served
     conn = connection(port)

@@ -29,13 +29,9 @@ def with_pages(app: Callable, pages: Mapping[str, Page]) -> Callable:
         page = pages.get(environ.get("PATH_INFO", ""))
         if page is None:
             return app(environ, start_response)
-        try:
-            body, status = page().encode(), "200 OK"
-        except Exception:  # a page bug is a 500 for that request, not a dead metrics endpoint
-            log.exception("page %s failed", environ.get("PATH_INFO"))
-            body, status = ERROR_BODY, "500 Internal Server Error"
-        start_response(status, [("Content-Type", "text/html; charset=utf-8"), ("Content-Length", str(len(body))),
-                                ("Cache-Control", "no-store")])
+        body = page().encode()  # a page that raises is a 500 for that request, as any app error (Handler.answer)
+        start_response("200 OK", [("Content-Type", "text/html; charset=utf-8"), ("Content-Length", str(len(body))),
+                                  ("Cache-Control", "no-store")])
         return [body]
     return wsgi
 
