@@ -45,10 +45,18 @@ def test_the_device_minor_and_visible_devices_pick_the_gpu():
     on1 = Holder(2, "b", frozenset({1}), uvm=True)
     everywhere = Holder(3, "c", frozenset({0, 1}), uvm=True, env=(("CUDA_VISIBLE_DEVICES", "1"),))
     by_uuid = Holder(4, "d", uvm=True, env=(("NVIDIA_VISIBLE_DEVICES", "GPU-bbbb"),))
-    host_index = Holder(5, "e", uvm=True, env=(("NVIDIA_VISIBLE_DEVICES", "1"),))  # host-relative: no answer
+    other_uuid = Holder(5, "e", uvm=True, env=(("NVIDIA_VISIBLE_DEVICES", "GPU-aaaa,GPU-cccc"),))
     g1 = gpu(index=1, minor=1, uuid="GPU-bbbb")
-    assert [h.pid for h in (on0, on1, everywhere, by_uuid, host_index) if uses(h, g1)] == [2, 3, 4]
+    assert [h.pid for h in (on0, on1, everywhere, by_uuid, other_uuid) if uses(h, g1)] == [2, 3, 4]
     assert [h.pid for h in (on0, on1, everywhere) if uses(h, gpu(minor=None))] == [1, 2]
+
+
+@pytest.mark.parametrize("value", ["0", "1", "0,1", "all", "", "GPU-aaaa,1"])
+def test_a_container_runtime_list_of_host_indexes_narrows_nothing(value):
+    # As a real driver's container shows it: the runtime sets NVIDIA_VISIBLE_DEVICES=0 for every process,
+    # in host indexes, while NVML inside counts from 0 again. Only UUIDs can be compared.
+    h = Holder(5, "python train.py", frozenset({1}), uvm=True, env=(("NVIDIA_VISIBLE_DEVICES", value),))
+    assert uses(h, gpu(index=1, minor=1, uuid="GPU-bbbb"))
 
 
 def test_several_candidates_are_each_marked_and_not_paired():
@@ -72,17 +80,22 @@ def test_trainguard_itself_and_nvml_only_monitors_are_not_candidates():
     assert is_trainguard(["/opt/trainguard/bin/trainguard", "diagnose"])
     assert not is_trainguard(["python", "train.py", "--name", "trainguard"])
     assert not Holder(1, "nvidia-smi", frozenset({0})).candidate  # device open, no UVM, no CUDA driver
+    # The 580 driver's NVML opens nvidia-uvm and loads libcuda too; it maps no device node.
+    assert not Holder(1, "nvidia-smi", frozenset({0}), uvm=True, libraries=("/usr/lib/libcuda.so.1",)).candidate
+    assert Holder(1, "python train.py", frozenset({0}), nodes_mapped=("/dev/nvidiactl",)).candidate
     assert not attribution.LIBRARY_PATTERN.search("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1")
     assert attribution.LIBRARY_PATTERN.search("/usr/lib/x86_64-linux-gnu/libnvidia-ptxjitcompiler.so.550.54.15")
 
 
+# As the 580 driver shows them: a process with a CUDA context and an NVML-only monitor both open
+# the GPU's node, nvidiactl and nvidia-uvm and map libcuda; only the context maps the nodes.
 HOLDER = textwrap.dedent("""
     import mmap, os, sys
     dev, lib, what = sys.argv[1:4]
-    names = {"cuda": ["nvidia7", "nvidiactl", "nvidia-uvm"], "monitor": ["nvidia7", "nvidiactl"]}[what]
-    fds = [os.open(os.path.join(dev, n), os.O_RDWR) for n in names]
+    fds = [os.open(os.path.join(dev, n), os.O_RDWR) for n in ["nvidia7", "nvidiactl", "nvidia-uvm"]]
+    fh = open(lib, "rb"); m = mmap.mmap(fh.fileno(), 0, prot=mmap.PROT_READ)
     if what == "cuda":
-        fh = open(lib, "rb"); m = mmap.mmap(fh.fileno(), 0, prot=mmap.PROT_READ)
+        context = [mmap.mmap(fd, 4096, flags=mmap.MAP_PRIVATE) for fd in fds]  # shared: "/dev/zero (deleted)"
     print("ready", flush=True)
     sys.stdin.readline()
 """)
@@ -94,10 +107,11 @@ def device_dir(tmp_path):
         pytest.skip("mknod needs root")
     dev = tmp_path / "dev"
     dev.mkdir()
-    # Real character devices with the NVIDIA names, all backed by the null device (1:3). The GPU node is
-    # named nvidia7 but its device number says minor 3: the scan must take the minor from st_rdev.
-    for name, minor in (("nvidia7", 3), ("nvidiactl", 3), ("nvidia-uvm", 3)):
-        os.mknod(dev / name, 0o666 | 0o020000, os.makedev(1, minor))
+    # Real character devices with the NVIDIA names, all backed by the zero device (1:5), which can be
+    # mapped. The GPU node is named nvidia7 but its device number says minor 5: the scan must take the
+    # minor from st_rdev.
+    for name in ("nvidia7", "nvidiactl", "nvidia-uvm"):
+        os.mknod(dev / name, 0o666 | 0o020000, os.makedev(1, 5))
     lib = tmp_path / "libcuda.so.1"
     lib.write_bytes(b"\0" * 4096)
     return dev, lib
@@ -118,10 +132,12 @@ def test_scan_finds_the_cuda_process_by_what_it_holds(device_dir):
         found = {h.pid: h for h in attribution.scan_holders("/proc", DeviceFiles(device_dir=str(dev)))}
         assert monitor.pid not in found and os.getpid() not in found
         h = found[cuda.pid]
-        # The GPU node's minor is the device number's, not the name's: 1:3 -> 3.
-        assert h.minors == frozenset({3}) and h.uvm and h.libraries == (str(lib),)
+        # The GPU node's minor is the device number's, not the name's: 1:5 -> 5.
+        assert h.minors == frozenset({5}) and h.uvm and h.libraries == (str(lib),)
+        assert sorted(h.nodes_mapped) == sorted(str(dev / n) for n in ("nvidia7", "nvidiactl", "nvidia-uvm"))
         assert h.env == (("CUDA_VISIBLE_DEVICES", "0"),)
-        assert uses(h, gpu(minor=3)) and not uses(h, gpu(minor=7))
+        assert f"maps {dev}/nvidia7, libcuda.so.1" in h.evidence()
+        assert uses(h, gpu(minor=5)) and not uses(h, gpu(minor=7))
     finally:
         for p in (cuda, monitor):
             p.kill()

@@ -86,7 +86,7 @@ def test_diagnose_in_the_container_names_trainer_file_and_share(boxed_trainer, t
     (view,) = [v for v in d["processes"] if v["inferred_from"]]
     assert view["pid"] == status["pid"]  # the PID in the container's namespace
     assert str(TB_TRAINER) in view["cmdline"]
-    assert "/dev/nvidia3" in view["inferred_from"] and "/dev/nvidia-uvm" in view["inferred_from"]
+    assert f"/dev/nvidia{GPU_MINOR}" in view["inferred_from"] and "/dev/nvidia-uvm" in view["inferred_from"]
     assert "libcuda.so.1" in view["inferred_from"] and "CUDA_VISIBLE_DEVICES=0" in view["inferred_from"]
     if processes:
         assert view["host_pid"] == ABSENT_HOST_PID and view["used_memory_bytes"] == 76 * GiB

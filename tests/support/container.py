@@ -5,10 +5,11 @@ That is what a rented GPU container (AutoDL and alike) looks like from inside: i
 processes see only each other, NVML reports host PIDs that mean nothing there, and
 /dev/nvidiaN, /dev/nvidiactl, /dev/nvidia-uvm are device nodes in the container's own
 /dev. Here those nodes are real character devices with the NVIDIA names, backed by the
-null device (1:3): without an NVIDIA driver a node with major 195 cannot be opened, and
-the code under test reads the path and st_rdev's minor, never the major. So the GPU node
-is /dev/nvidia3 and the scripted GPU's minor number must be GPU_MINOR (3). Nothing leaks
-out: the mount namespace is private.
+zero device (1:5), which can be mapped into memory as a CUDA context maps the real ones:
+without an NVIDIA driver a node with major 195 cannot be opened, and the code under test
+reads the path and st_rdev's minor, never the major. So the GPU node is /dev/nvidia5 and
+the scripted GPU's minor number must be GPU_MINOR (5). Nothing leaks out: the mount
+namespace is private.
 
     with GpuContainer(["python", "job.py"]) as box:
         box.exec(["python", "-m", "trainguard", "diagnose"])   # like `docker exec`
@@ -23,14 +24,14 @@ import subprocess
 import time
 from typing import Sequence
 
-GPU_MINOR = 3  # the null device's minor: /dev/nvidia3 is c 1:3
+GPU_MINOR = 5  # the zero device's minor: /dev/nvidia5 is c 1:5
 
 SETUP = """
 set -e
 mount -t tmpfs -o mode=755 trainguard-test-dev /dev
 for node in null:3 zero:5 random:8 urandom:9; do mknod -m 666 /dev/${node%:*} c 1 ${node#*:}; done
 ln -s /proc/self/fd /dev/fd; ln -s fd/0 /dev/stdin; ln -s fd/1 /dev/stdout; ln -s fd/2 /dev/stderr
-for name in nvidia3 nvidiactl nvidia-uvm; do mknod -m 666 /dev/$name c 1 3; done
+for name in nvidia5 nvidiactl nvidia-uvm; do mknod -m 666 /dev/$name c 1 5; done
 "$@" &
 wait $!
 """

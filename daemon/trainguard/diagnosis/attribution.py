@@ -5,16 +5,17 @@ alike) those numbers mean nothing in our /proc, and some drivers report no proce
 all. The GPU processes of our namespace are then found from what they hold, all read
 from procfs without touching any filesystem they use:
 
-- open /dev/nvidiaN (N = the GPU's minor number, nvmlDeviceGetMinorNumber), /dev/nvidia-uvm
-  (CUDA's unified memory device: opened by CUDA processes, not by NVML-only monitors);
-- a mapped CUDA driver library (libcuda.so*, libnvidia-*.so* other than libnvidia-ml) in
-  /proc/PID/maps, read only for processes that hold an NVIDIA device or set a CUDA variable;
+- open /dev/nvidiaN (N = the GPU's minor number, nvmlDeviceGetMinorNumber), /dev/nvidia-uvm;
+- the device nodes and driver libraries (libcuda.so*, libnvidia-*.so*) mapped in /proc/PID/maps,
+  read only for processes that hold an NVIDIA device or set a CUDA variable;
 - CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES in /proc/PID/environ (the environment the
   process started with) to narrow which GPU.
 
-A process is a candidate when it holds /dev/nvidia-uvm or maps the CUDA driver; trainguard
-itself (it holds the devices through NVML) is never one. The result is an inference, and
-says from what: nothing ever acts on such a PID.
+A process is a candidate when it maps an NVIDIA device node: a CUDA context maps
+/dev/nvidiactl, /dev/nvidiaN and /dev/nvidia-uvm into memory. Opening them, or loading
+libcuda, does not tell: with the 580 driver an NVML-only monitor (nvidia-smi, pynvml)
+opens /dev/nvidia-uvm and loads libcuda too, and maps no node. trainguard itself is never
+a candidate. The result is an inference, and says from what: nothing ever acts on such a PID.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from trainguard.sources import procs
 from trainguard.units import format_bytes
 
 LIBRARY_PATTERN = re.compile(r"/(libcuda\.so[^/]*|libnvidia-(?!ml\.)[^/]*\.so[^/]*)$")
+NODE_PATTERN = re.compile(r"/nvidia(\d+|ctl|-uvm)$")
 ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
 
 
@@ -38,6 +40,13 @@ class DeviceFiles:
 
     device_dir: str = "/dev"
     library: re.Pattern[str] = LIBRARY_PATTERN
+
+    def mapped(self, path: str) -> bool:
+        """A driver library or a device node, as /proc/PID/maps names them."""
+        return bool(self.library.search(path)) or self.is_node(path)
+
+    def is_node(self, path: str) -> bool:
+        return path.startswith(self.device_dir.rstrip("/") + "/") and bool(NODE_PATTERN.search(path))
 
     def gpu_minor(self, target: str, fd_path: str) -> int | None:
         """N for an open <device_dir>/nvidiaN: the node's real minor number when it is a character device."""
@@ -67,16 +76,20 @@ class Holder:
     uvm: bool = False
     libraries: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
+    nodes_mapped: tuple[str, ...] = ()
 
     @property
     def candidate(self) -> bool:
-        return self.uvm or bool(self.libraries)
+        return bool(self.nodes_mapped)
 
     def evidence(self) -> str:
         held = [f"/dev/nvidia{m}" for m in sorted(self.minors)] + (["/dev/nvidia-uvm"] if self.uvm else [])
         parts = [f"holds {', '.join(held)} open"] if held else []
-        if self.libraries:
-            parts.append("maps " + ", ".join(os.path.basename(p) for p in self.libraries[:2]))
+        # The GPU's own node says most; nvidiactl and nvidia-uvm are mapped by every context.
+        mapped = [p for p in self.nodes_mapped if p.rstrip("0123456789") != p]
+        mapped += [os.path.basename(p) for p in self.libraries[:2]]
+        if mapped:
+            parts.append("maps " + ", ".join(mapped))
         parts += [f"{k}={v}" for k, v in self.env]
         return "; ".join(parts)
 
@@ -85,11 +98,12 @@ class Holder:
         env = dict(self.env)
         if "CUDA_VISIBLE_DEVICES" in env:
             return {v.strip() for v in env["CUDA_VISIBLE_DEVICES"].split(",") if v.strip()}, True
-        value = env.get("NVIDIA_VISIBLE_DEVICES", "all")
-        if value.strip() in ("all", ""):
+        names = {v.strip() for v in env.get("NVIDIA_VISIBLE_DEVICES", "").split(",") if v.strip()}
+        # The container runtime's list, in host-relative indexes or UUIDs. Indexes cannot be compared
+        # with our NVML view (in a container NVML counts from 0 again), so only a list of UUIDs narrows.
+        if not names or not all(n.startswith(("GPU-", "MIG-")) for n in names):
             return None
-        # Host-relative indexes here: only UUIDs can be compared with our NVML view.
-        return {v.strip() for v in value.split(",") if v.strip()}, False
+        return names, False
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,12 +136,14 @@ def _holder(proc_root: str, pid: int, devices: DeviceFiles) -> Holder | None:
     env = procs.read_environ(proc_root, pid, ENV_NAMES)
     if not nvidia and not env:
         return None
-    libraries = procs.mapped_files(proc_root, pid, devices.library)
+    mapped = procs.mapped_files(proc_root, pid, devices.mapped)
     cmdline = procs.read_cmdline(proc_root, pid)
     if is_trainguard(cmdline):
         return None
-    return Holder(pid, " ".join(cmdline), frozenset(minors), uvm, libraries,
-                  tuple((k, env[k]) for k in ENV_NAMES if k in env))
+    return Holder(pid, " ".join(cmdline), frozenset(minors), uvm,
+                  tuple(p for p in mapped if not devices.is_node(p)),
+                  tuple((k, env[k]) for k in ENV_NAMES if k in env),
+                  tuple(p for p in mapped if devices.is_node(p)))
 
 
 DEFAULT_DEVICES = DeviceFiles()

@@ -12,6 +12,7 @@ import os
 import platform
 import re
 from dataclasses import dataclass
+from typing import Callable
 
 from trainguard.records import Mount
 from trainguard.sources.mounts import parse_mountinfo
@@ -286,13 +287,13 @@ def read_environ(proc_root: str, pid: int, names: tuple[str, ...]) -> dict[str, 
     return found
 
 
-def mapped_files(proc_root: str, pid: int, pattern: "re.Pattern[str]") -> tuple[str, ...]:
-    """Paths mapped into the process whose name matches pattern (/proc/PID/maps), each once."""
+def mapped_files(proc_root: str, pid: int, wanted: Callable[[str], bool]) -> tuple[str, ...]:
+    """Paths mapped into the process that `wanted` accepts (/proc/PID/maps), each once, in map order."""
     text = _read(f"{proc_root}/{pid}/maps") or ""
     seen: dict[str, None] = {}
     for line in text.splitlines():
         parts = line.split(None, 5)
-        if len(parts) == 6 and parts[5].startswith("/") and pattern.search(parts[5]):
+        if len(parts) == 6 and parts[5].startswith("/") and wanted(parts[5]):
             seen.setdefault(parts[5], None)
     return tuple(seen)
 
