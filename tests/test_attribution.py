@@ -59,6 +59,21 @@ def test_a_container_runtime_list_of_host_indexes_narrows_nothing(value):
     assert uses(h, gpu(index=1, minor=1, uuid="GPU-bbbb"))
 
 
+def test_nvml_pids_given_in_our_namespace_pair_each_candidate_with_its_own():
+    # As the 580 driver reported them in a new PID namespace: NVML's PIDs are the processes' PIDs here.
+    # Two ranks, both on both GPUs by the devices they hold: each pairs by its own PID, not "one of 2".
+    ranks = [Holder(12, "rank0", frozenset({0, 1}), nodes_mapped=("/dev/nvidia0",)),
+             Holder(13, "rank1", frozenset({0, 1}), nodes_mapped=("/dev/nvidia1",))]
+    for index, pid in ((0, 12), (1, 13)):
+        (i,) = attribute(gpu(index, minor=index, processes=[unresolved(pid)]), ranks)
+        assert (i.pid, i.host_pid, i.used_memory_bytes) == (pid, pid, 40 * GiB)
+        assert f"NVML's PID {pid} is its PID here, 40.0 GiB" in i.evidence
+    # An NVML PID that is nobody's here still goes by the other rules, beside the one that paired.
+    found = attribute(gpu(processes=[unresolved(12), unresolved(9001)]), ranks)
+    assert [(i.pid, i.host_pid) for i in found] == [(12, 12), (13, 9001)]
+    assert "the only candidate for NVML's PID 9001" in found[1].evidence
+
+
 def test_several_candidates_are_each_marked_and_not_paired():
     hs = [Holder(1, "a", uvm=True), Holder(2, "b", uvm=True)]
     found = attribute(gpu(processes=[unresolved(7), unresolved(8)]), hs)

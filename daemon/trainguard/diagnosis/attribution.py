@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
 
-from trainguard.records import GpuSample
+from trainguard.records import GpuProcess, GpuSample
 from trainguard.sources import procs
 from trainguard.units import format_bytes
 
@@ -185,17 +185,35 @@ def needs_inference(gpu: GpuSample) -> bool:
     return gpu.memory_used_bytes is None or gpu.memory_used_bytes >= CONTEXT_BYTES
 
 
+def _memory(p: GpuProcess) -> str:
+    return f", {format_bytes(p.used_memory_bytes)}" if p.used_memory_bytes is not None else ""
+
+
 def attribute(gpu: GpuSample, holders: Sequence[Holder]) -> tuple[Inferred, ...]:
-    """The candidates on this GPU. One NVML process and one candidate: that is it (PID and memory pair)."""
+    """The candidates on this GPU. NVML's PID is a candidate's own PID here, or one NVML process and one
+    candidate: that is it (PID and memory pair)."""
     if not needs_inference(gpu):
         return ()
     known = {p.pid for p in gpu.processes if p.pid is not None}
     on_gpu = [h for h in holders if h.pid not in known and uses(h, gpu)]
     unresolved = [p for p in gpu.processes if p.pid is None and p.exists is not False]
+    # Some drivers give NVML's PIDs in the caller's PID namespace (the 580 driver did, in a new PID
+    # namespace): a PID that is a candidate's own here pairs with it, so several ranks in one container
+    # each find their GPU. A host PID equal to the PID here of another process with a CUDA context on
+    # this GPU is possible, but unlikely; the evidence says which rule paired them.
+    by_pid = {h.pid: h for h in on_gpu}
+    same = [(p, by_pid[p.host_pid]) for p in unresolved if p.host_pid in by_pid]
+    if same:
+        paired = tuple(Inferred(h.pid, f"{h.evidence()}; NVML's PID {p.host_pid} is its PID here{_memory(p)}",
+                                p.host_pid, p.used_memory_bytes) for p, h in same)
+        left = tuple(p for p in gpu.processes if all(p is not q for q, _h in same))
+        if not left:
+            return paired
+        taken = {h.pid for _p, h in same}
+        return paired + attribute(replace(gpu, processes=left), [h for h in on_gpu if h.pid not in taken])
     if len(on_gpu) == 1 and len(unresolved) == 1:
         p, h = unresolved[0], on_gpu[0]
-        memory = f", {format_bytes(p.used_memory_bytes)}" if p.used_memory_bytes is not None else ""
-        return (Inferred(h.pid, f"{h.evidence()}; the only candidate for NVML's PID {p.host_pid}{memory}",
+        return (Inferred(h.pid, f"{h.evidence()}; the only candidate for NVML's PID {p.host_pid}{_memory(p)}",
                          p.host_pid, p.used_memory_bytes),)
     if not gpu.processes and len(on_gpu) == 1:
         return (Inferred(on_gpu[0].pid, f"{on_gpu[0].evidence()}; NVML reported no process on this GPU",
