@@ -86,7 +86,7 @@ class Holder:
         held = [f"/dev/nvidia{m}" for m in sorted(self.minors)] + (["/dev/nvidia-uvm"] if self.uvm else [])
         parts = [f"holds {', '.join(held)} open"] if held else []
         # The GPU's own node says most; nvidiactl and nvidia-uvm are mapped by every context.
-        mapped = [p for p in self.nodes_mapped if p.rstrip("0123456789") != p]
+        mapped = [p for p in self.nodes_mapped if p[-1].isdigit()]
         mapped += [os.path.basename(p) for p in self.libraries[:2]]
         if mapped:
             parts.append("maps " + ", ".join(mapped))
