@@ -18,8 +18,9 @@ import os
 import stat as stat_mod
 from itertools import filterfalse
 
-from trainguard.actions.cleanup import agerules, unittree, walker
+from trainguard.actions.cleanup import ahead, agerules, walker
 from trainguard.actions.cleanup import policies as sel
+from trainguard.actions.cleanup.age_units import CacheUnits
 from trainguard.actions.cleanup.agerules import Bound, Rule
 from trainguard.actions.cleanup.guard import Root, reached
 from trainguard.actions.cleanup.plan import Ctx, full_path
@@ -36,7 +37,7 @@ def rule_for(ctx: Ctx, root: Root, older_than: float) -> Rule:
     return Rule(root.opened.dev, agerules.age_mask(fields), ctx.now, older_than, ctx.now - policy.grace)
 
 
-class Pass:
+class Pass(CacheUnits):
     """One scan of one root. Totals in files/bytes/young; quiet skips in scratch (the caller merges)."""
 
     def __init__(self, ctx: Ctx, root: Root, older_than: float, *, delete: bool = False, reports: bool = True,
@@ -57,16 +58,26 @@ class Pass:
         self.units = sel.globset(kind.unit_globs) if kind else None
         self.watermark = False  # need_bytes is a watermark's: the filesystem at low is enough too
         self.on_gone = None  # listed: called with (listing, [(name, bytes, age)], files each) as they come
+        self.ahead: ahead.Ahead | None = None
+        self.before = (0, 0)  # files and bytes when the directory being listed was entered
 
     def run(self) -> None:
         o, ctx = self.root.opened, self.ctx
         ctx.tools.open_files.refresh()
-        for lst in walker.scan(o.fd, dev=o.dev, on_problem=self.problem, hook=ctx.tools.hook, mnt=o.mnt,
-                               post=self.remove_dirs):
-            if lst.done:
-                self.rmdir(lst)
-            elif not self.stopped and not self.busy:
-                self.listing(lst)
+        # A count of an age policy judges subdirectories on several threads (ahead.py); deleting never does.
+        if (not self.delete and ENABLED and agerules.COUNT_THREADS > 1 and self.units is None
+                and getattr(ctx.tools.open_files, "hold_back", None) is None):
+            self.ahead = ahead.Ahead(self, agerules.COUNT_THREADS, READ_BYTES)
+        try:
+            for lst in walker.scan(o.fd, dev=o.dev, on_problem=self.problem, hook=ctx.tools.hook, mnt=o.mnt,
+                                   post=self.remove_dirs):
+                if lst.done:
+                    self.rmdir(lst)
+                elif not self.stopped and not self.busy:
+                    self.listing(lst)
+        finally:
+            if self.ahead is not None:
+                self.ahead.close()
 
     def problem(self, p: walker.WalkProblem) -> None:
         self.scratch.skip(p.reason, full_path(self.root, p.path), p.detail)
@@ -77,26 +88,40 @@ class Pass:
             return
         if lst.data is None:
             lst.data = []
-            before = (self.files, self.bytes)
-            try:
-                while not self.stopped and not self.busy:
-                    names = lst.read(READ_BYTES)
-                    if not names:
-                        break
-                    if self.ctx.tools.hook is not None:
-                        self.ctx.tools.hook("batch", lst.path)
-                    if not walker.in_place(lst):  # the last check before the batch is judged
-                        self.problem(walker.moved(lst))
-                        lst.data = False  # left alone: not judged further, nor removed when empty
-                        return
-                    self.batch(lst, names)
-            except OSError as exc:  # reading the directory failed (e.g. removed under us)
-                self.problem(walker.WalkProblem(lst.path or ".", walker.classify_error(exc), exc.strerror or ""))
-            lst.data.reverse()
-            if not self.delete and not self.listed and self.reports and self.files > before[0]:
-                self.ctx.tally.top_add(self.dir_path(lst), self.bytes - before[1], self.files - before[0])
+            self.begin(lst)
+            self.batches(lst)
+            self.end(lst)
+            if lst.data and self.ahead is not None and not self.busy:
+                lst.data = self.ahead.count(lst, lst.data)
         if lst.data and not self.stopped and not self.busy:
             lst.enter = lst.data.pop()
+
+    def batches(self, lst: walker.Listing) -> None:
+        try:
+            while not self.stopped and not self.busy:
+                names = lst.read(READ_BYTES)
+                if not names:
+                    break
+                if self.ctx.tools.hook is not None:
+                    self.ctx.tools.hook("batch", lst.path)
+                if not walker.in_place(lst):  # the last check before the batch is judged
+                    self.problem(walker.moved(lst))
+                    lst.data = False  # left alone: not judged further, nor removed when empty
+                    return
+                self.batch(lst, names)
+        except OSError as exc:  # reading the directory failed (e.g. removed under us)
+            self.problem(walker.WalkProblem.of(lst.path, exc))
+        lst.data.reverse()
+
+    def begin(self, lst: walker.Listing) -> None:
+        """A directory's first visit starts (before its batches)."""
+        self.before = (self.files, self.bytes)
+
+    def end(self, lst: walker.Listing) -> None:
+        """A directory's own batches are all judged (lst.data False: it left the root)."""
+        files, nbytes = self.before
+        if lst.data is not False and not self.delete and not self.listed and self.reports and self.files > files:
+            self.ctx.tally.top_add(self.dir_path(lst), self.bytes - nbytes, self.files - files)
 
     def candidates(self, lst: walker.Listing, names: list[str]) -> tuple[list[str], bytes | None]:
         """The names the judge may see (not a mount point below the root, not excluded), and which
@@ -137,10 +162,13 @@ class Pass:
                             zip(bound, (self.deleted, self.freed, self.freed))))
         of = ctx.tools.open_files
         dev = self.rule.dev
-        got = agerules.judge_batch(
+        self.take(lst, agerules.judge_batch(
             lst.fd, names, wanted, self.rule, of.inodes_on(dev), self.delete, bound, self.listed, ENABLED,
             is_open=lambda ino: of.is_open(dev, ino), hook=None if hook is None else lambda e, n: hook(e, lst.prefix + n),
-            hold_back=getattr(of, "hold_back", None))  # processes whose open files could not be read
+            hold_back=getattr(of, "hold_back", None)))  # processes whose open files could not be read
+
+    def take(self, lst: walker.Listing, got: agerules.Batch) -> None:
+        """One judged batch: its counts, its subdirectories (lst.data), its issues and what went."""
         self.files += got.files
         self.bytes += got.bytes
         self.young += got.young
@@ -190,83 +218,6 @@ class Pass:
         if self.delete and code in (agerules.OPEN, agerules.UNLINK_ERROR):  # due, though it stays: planned
             self.files += 1
             self.bytes += nbytes
-
-    def unit(self, lst: walker.Listing, name: str) -> None:
-        """A cache unit (a whole model, a package): judged by its newest use inside, deleted whole."""
-        ctx, path = self.ctx, full_path(self.root, name)
-        report = ctx.tally if self.reports else self.scratch
-        try:
-            unit = unittree.measure_unit(lst.fd, name, self.rule.dev, ctx.tools.hook)
-        except OSError as exc:
-            report.skip_error(path, exc, walker.classify_error)
-            return
-        if unit.newest_change > self.rule.changed_after:
-            self.scratch.skip("grace", path)
-        elif unit.multi_linked:
-            self.scratch.skip("linked-elsewhere", path)  # e.g. a conda package hard-linked into an environment
-        elif unit.problems:
-            self.scratch.skip("mount-point" if unit.mounts else "unreadable", path)
-        elif (self.delete or not ctx.dry_run or not self.held(path, unit)) and not self.stopped:
-            self.unit_due(lst, name, path, unit, ctx.now - unit.newest_access)
-
-    def unit_due(self, lst: walker.Listing, name: str, path: str, unit: unittree.UnitStats, age: float) -> None:
-        if not age >= self.rule.older_than:
-            self.young += unit.files
-            return
-        if self.held_back(lst, name, path):
-            return
-        if not self.delete:
-            self.files += unit.files
-            self.bytes += unit.bytes
-            if self.listed:
-                self.gone_unit(lst, name, unit, age)
-            return
-        max_files, max_bytes, need_bytes = self.bound
-        if ((max_files >= 0 and self.deleted + unit.files > max_files) or (max_bytes >= 0 and self.freed + unit.bytes > max_bytes)
-                or (need_bytes >= 0 and self.freed >= need_bytes)):
-            self.stopped = True
-            return
-        if self.held(path, unit):
-            return
-        try:
-            st = os.stat(name, dir_fd=lst.fd, follow_symlinks=False)
-            self.ctx.before_delete(name)
-            unittree.remove_tree_at(lst.fd, name, self.rule.dev, st.st_ino)
-        except OSError as exc:
-            self.ctx.skip_error(path, exc)
-            return
-        self.files += unit.files
-        self.bytes += unit.bytes
-        self.freed += unit.bytes
-        self.deleted += unit.files
-        self.ctx.went(self.root, path, (unit.bytes, unit.files), self.reason, age, True)
-
-    def gone_unit(self, lst: walker.Listing, name: str, unit: unittree.UnitStats, age: float) -> None:
-        if self.on_gone is not None:
-            self.on_gone(lst, [(name, unit.bytes, age)], unit.files)
-
-    def held_back(self, lst: walker.Listing, name: str, path: str) -> bool:
-        """A due unit a process whose open files could not be read could hold (OpenFiles.hold_back)."""
-        hold_back = getattr(self.ctx.tools.open_files, "hold_back", None)
-        if hold_back is None:
-            return False
-        try:
-            st = os.stat(name, dir_fd=lst.fd, follow_symlinks=False)
-        except OSError:
-            return True
-        if hold_back(st):
-            (self.ctx.tally if self.reports else self.scratch).skip("unverifiable-open", path)
-            return True
-        return False
-
-    def held(self, path: str, unit: unittree.UnitStats) -> bool:
-        if self.ctx.tools.open_files.any_open(unit.inodes):
-            if self.reports:
-                self.ctx.skip_open(path, unit.inodes)
-            else:
-                self.scratch.skip("open", path)
-            return True
-        return False
 
     def rmdir(self, lst: walker.Listing) -> None:
         """A directory the pass finished: removed if it is empty now and was old before it was cleaned

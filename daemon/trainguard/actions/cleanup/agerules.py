@@ -82,14 +82,14 @@ def age_timestamp(st: os.stat_result, mask: int) -> float:
 def judge_batch(dir_fd: int, names: list[str], wanted: bytes | None, rule: Rule, open_inos: bytes, delete: bool,
                 bound: Bound = Bound(), listed: bool = False, compiled: bool = True,
                 is_open: Callable[[int], bool] | None = None, hook: Callable[[str, str], None] | None = None,
-                hold_back: Callable[[os.stat_result], bool] | None = None) -> Batch:
+                hold_back: Callable[[os.stat_result], bool] | None = None, threads: int = COUNT_THREADS) -> Batch:
     """Judge (and, deleting, unlink) one batch. compiled: the C judge when it is built; else this
     module's, which may also take is_open (a live open-file check, per entry), hook(event, name)
     ("judged" and "before_delete", for tests that race one entry) and hold_back(lstat) (a due
-    entry it says could be open stays: HELD_BACK; only this judge has that rule)."""
+    entry it says could be open stays: HELD_BACK; only this judge has that rule). threads: the compiled
+    judge's for a count of one large batch."""
     if compiled and _agescan is not None and hold_back is None:
-        return Batch(*_agescan.age_batch(dir_fd, names, wanted, *rule, open_inos, delete, *bound, listed,
-                                         COUNT_THREADS))
+        return Batch(*_agescan.age_batch(dir_fd, names, wanted, *rule, open_inos, delete, *bound, listed, threads))
     if is_open is None:
         inos = set(memoryview(open_inos).cast("Q")) if open_inos else set()
         is_open = inos.__contains__

@@ -41,14 +41,17 @@ class Remembering(Pass):
         self.size = 0
         self.here: list = []
 
-    def listing(self, lst: walker.Listing) -> None:
-        if lst.data is not None or self.dirs is None:
-            super().listing(lst)
-            return
+    def begin(self, lst: walker.Listing) -> None:
+        super().begin(lst)
         self.here = [lst.path, lst.name, lst.st, []]
-        self.dirs.append(self.here)
-        super().listing(lst)
-        if self.dirs is not None and not self.here[3] and not self.may_remove(lst.st):
+        if self.dirs is not None:
+            self.dirs.append(self.here)
+
+    def end(self, lst: walker.Listing) -> None:
+        super().end(lst)
+        if self.dirs is None:
+            return
+        if not self.here[3] and not self.may_remove(lst.st):
             self.dirs.pop()  # nothing to do there: not kept
         else:
             self.size += _DIR_COST + len(lst.path)
@@ -109,7 +112,7 @@ def _delete_in(p: Pass, root: Root, path: str, name: str, st: os.stat_result, ch
     try:
         fd = walker.open_beneath(root.opened.fd, path, root.opened.dev)
     except OSError as exc:
-        p.problem(walker.WalkProblem(path or ".", walker.classify_error(exc), exc.strerror or ""))
+        p.problem(walker.WalkProblem.of(path, exc))
         return
     try:
         lst = walker.Listing(fd, path, name, st, None, walker.place_of(fd))

@@ -1,10 +1,9 @@
 """The one directory traversal of cleanup: scan(), a depth-first stack of open directories, each read
-in batches of names (one getdents64 call, or a slice of a scandir without the compiled part).
-Every directory is opened relative to its parent's fd, O_NOFOLLOW|O_DIRECTORY, and must still be
-the inode listed, on the root's filesystem and mount: a directory swapped for a symlink or a mount
-cannot redirect it. Before each batch, in_place() notices a directory renamed out of the root (it
-is not cleaned further). walk() hands the same traversal out entry by entry. Memory is bounded by
-depth: one fd and one batch per level.
+in batches of names (one getdents64 call, or a slice of a scandir without the compiled part). Every
+directory is opened relative to its parent's fd (open_child), O_NOFOLLOW|O_DIRECTORY, and must still
+be the inode listed, on the root's filesystem and mount: a symlink or a mount swapped in cannot
+redirect it. Before each batch, in_place() notices a directory renamed out of the root (it is not
+cleaned further). walk() hands the same traversal out entry by entry. Memory: one fd and batch a level.
 """
 
 from __future__ import annotations
@@ -25,9 +24,8 @@ log = logging.getLogger(__name__)
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
-# hook(event, relpath) is called at the points where a concurrent change matters
-# ("open_dir" before a subdirectory is opened, "batch" before a batch is judged); tests use it
-# to race the traversal.
+# hook(event, relpath) where a concurrent change matters ("open_dir" before a subdirectory is opened,
+# "batch" before a batch is judged): tests race the traversal there.
 Hook = Callable[[str, str], None]
 
 
@@ -47,20 +45,21 @@ class WalkProblem(NamedTuple):
     reason: str  # "permission", "vanished", "symlink", "other-filesystem", "mount-point", "moved", "error"
     detail: str
 
+    @classmethod
+    def of(cls, path: str, exc: OSError) -> WalkProblem:
+        return cls(path or ".", classify_error(exc), exc.strerror or str(exc))
+
 
 def mount_id(fd: int) -> int | None:
-    """The mount an open fd lives on: the mnt_id of /proc/self/fdinfo, the first field of mountinfo.
-
-    Unlike st_dev, it tells a bind mount of a directory of the same filesystem from that
-    filesystem. None when /proc is not readable (then only st_dev is checked).
-    """
+    """The mount an open fd lives on (mnt_id in /proc/self/fdinfo, mountinfo's first field): unlike st_dev,
+    it tells a bind mount from its filesystem. None when /proc is not readable (only st_dev is checked)."""
     try:
         with open(f"/proc/self/fdinfo/{fd}", "rb") as fh:
             for line in fh:
                 if line.startswith(b"mnt_id:"):
                     return int(line[7:])
     except (OSError, ValueError):
-        return None
+        pass
     return None
 
 
@@ -186,16 +185,29 @@ def _close_listing(lst: Listing) -> None:
     os.close(lst.fd)
 
 
+def open_child(here: Listing, name: str, ino: int, *, dev: int, mnt: int | None, hook: Hook | None) -> Listing:
+    """The subdirectory name (the inode listed) of an open listing, opened as scan() enters it."""
+    path = here.prefix + name
+    if hook is not None:
+        hook("open_dir", path)
+    child = open_dir_at(here.fd, name, dev, mnt, ino)
+    place = None if here.place is None else here.place.rstrip(b"/") + b"/" + os.fsencode(name)
+    try:
+        return Listing(child, path, name, os.fstat(child), here, place)
+    except BaseException:
+        os.close(child)
+        raise
+
+
 def scan(root_fd: int, *, dev: int, on_problem: Callable[[WalkProblem], None], hook: Hook | None = None,
          mnt: int | None = None, post: bool = False) -> Iterator[Listing]:
     """Depth-first traversal handing out whole directories, so the per-entry loop is the caller's.
 
-    Protocol: for each yielded listing, read batches (lst.read()); to descend into a
-    subdirectory set lst.enter = (name, inode) and take the next listing; to finish the
-    directory, leave enter unset. scan() then yields the child (opened O_NOFOLLOW relative to
-    the parent, same filesystem, mount and inode as listed), and later the parent again. With
-    post, a finished directory below the root comes once more with done set (its fd closed,
-    its parent's open: rmdir relative to it). Opening problems go to on_problem.
+    Protocol: for each yielded listing, read batches (lst.read()); to descend into a subdirectory
+    set lst.enter = (name, inode) and take the next listing (the child, by open_child), later the
+    parent again; to finish the directory, leave enter unset. With post, a finished directory below
+    the root comes once more with done set (its fd closed, its parent's open: rmdir relative to
+    it). Opening problems go to on_problem.
     """
     first = os.dup(root_fd)
     try:
@@ -203,7 +215,7 @@ def scan(root_fd: int, *, dev: int, on_problem: Callable[[WalkProblem], None], h
         root = Listing(first, "", "", os.fstat(first), None, place_of(first))
     except OSError as exc:
         os.close(first)
-        on_problem(WalkProblem(".", classify_error(exc), exc.strerror or str(exc)))
+        on_problem(WalkProblem.of(".", exc))
         return
     stack = [root]
     try:
@@ -218,17 +230,10 @@ def scan(root_fd: int, *, dev: int, on_problem: Callable[[WalkProblem], None], h
                     here.done = True
                     yield here
                 continue
-            name, ino = enter
-            path = here.prefix + name
-            if hook is not None:
-                hook("open_dir", path)
             try:
-                child = open_dir_at(here.fd, name, dev, mnt, ino)
+                stack.append(open_child(here, *enter, dev=dev, mnt=mnt, hook=hook))
             except OSError as exc:
-                on_problem(WalkProblem(path, classify_error(exc), exc.strerror or str(exc)))
-                continue
-            place = None if here.place is None else here.place.rstrip(b"/") + b"/" + os.fsencode(name)
-            stack.append(Listing(child, path, name, os.fstat(child), here, place))
+                on_problem(WalkProblem.of(here.prefix + enter[0], exc))
     finally:
         for here in reversed(stack):
             _close_listing(here)
@@ -237,10 +242,6 @@ def scan(root_fd: int, *, dev: int, on_problem: Callable[[WalkProblem], None], h
 def moved(lst: Listing) -> WalkProblem:
     """The problem reported for a directory that left the root during the run."""
     return WalkProblem(lst.path or ".", "moved", "left its place below the root during the run")
-
-
-def _log_problem(p: WalkProblem) -> None:
-    log.warning("cleanup walk: skipping %s (%s: %s)", p.path, p.reason, p.detail)
 
 
 def walk(root_fd: int, *, dev: int, descend: Callable[[Entry], bool] | None = None,
@@ -252,7 +253,7 @@ def walk(root_fd: int, *, dev: int, descend: Callable[[Entry], bool] | None = No
     never yielded nor entered; entries on another device are reported, as is a directory that left
     the root. With post_order, each entered directory comes again after its contents (post=True,
     dir_fd its parent's). The caller must not keep dir_fd past the next iteration."""
-    problem = on_problem or _log_problem
+    problem = on_problem or (lambda p: log.warning("cleanup walk: skipping %s (%s: %s)", p.path, p.reason, p.detail))
     for lst in scan(root_fd, dev=dev, on_problem=problem, hook=hook, mnt=mnt, post=post_order):
         if lst.done:
             yield lst.data[1]._replace(dir_fd=lst.parent.fd, post=True)
@@ -266,8 +267,7 @@ def walk(root_fd: int, *, dev: int, descend: Callable[[Entry], bool] | None = No
                 break
 
 
-def _walk_listing(lst: Listing, dev: int, prune_paths: frozenset[str],
-                  problem: Callable[[WalkProblem], None]):
+def _walk_listing(lst: Listing, dev: int, prune_paths: frozenset[str], problem: Callable[[WalkProblem], None]):
     """Yield lst's entries until a directory (returned, to descend into) or the end (None)."""
     pending = lst.data[0]
     while True:
@@ -278,7 +278,7 @@ def _walk_listing(lst: Listing, dev: int, prune_paths: frozenset[str],
                     return None
                 pending[:] = reversed(lst.read())
             except OSError as exc:  # getdents failed (e.g. the directory was removed under us)
-                problem(WalkProblem(lst.path or ".", classify_error(exc), exc.strerror or str(exc)))
+                problem(WalkProblem.of(lst.path, exc))
                 return None
             if not pending:
                 return None
@@ -289,7 +289,7 @@ def _walk_listing(lst: Listing, dev: int, prune_paths: frozenset[str],
         try:
             st = os.stat(name, dir_fd=lst.fd, follow_symlinks=False)
         except OSError as exc:
-            problem(WalkProblem(path, classify_error(exc), exc.strerror or str(exc)))
+            problem(WalkProblem.of(path, exc))
             continue
         if st.st_dev != dev:
             problem(WalkProblem(path, "other-filesystem", "on another filesystem"))

@@ -1,0 +1,93 @@
+"""The cache units of an age pass (age_fast.Pass): a whole model of the huggingface hub, a package of
+pip's or conda's cache, judged by the newest use of anything inside it and deleted whole
+(unittree), never entered file by file. Held when a file inside it is open, or could be open
+by a process whose open files could not be read; within the same bounds as single files.
+"""
+
+from __future__ import annotations
+
+import os
+
+from trainguard.actions.cleanup import unittree, walker
+from trainguard.actions.cleanup.plan import full_path
+
+
+class CacheUnits:
+    """The unit rules of Pass; they use its counts, bounds, reports and context."""
+
+    def unit(self, lst: walker.Listing, name: str) -> None:
+        """A cache unit (a whole model, a package): judged by its newest use inside, deleted whole."""
+        ctx, path = self.ctx, full_path(self.root, name)
+        report = ctx.tally if self.reports else self.scratch
+        try:
+            unit = unittree.measure_unit(lst.fd, name, self.rule.dev, ctx.tools.hook)
+        except OSError as exc:
+            report.skip_error(path, exc, walker.classify_error)
+            return
+        if unit.newest_change > self.rule.changed_after:
+            self.scratch.skip("grace", path)
+        elif unit.multi_linked:
+            self.scratch.skip("linked-elsewhere", path)  # e.g. a conda package hard-linked into an environment
+        elif unit.problems:
+            self.scratch.skip("mount-point" if unit.mounts else "unreadable", path)
+        elif (self.delete or not ctx.dry_run or not self.held(path, unit)) and not self.stopped:
+            self.unit_due(lst, name, path, unit, ctx.now - unit.newest_access)
+
+    def unit_due(self, lst: walker.Listing, name: str, path: str, unit: unittree.UnitStats, age: float) -> None:
+        if not age >= self.rule.older_than:
+            self.young += unit.files
+            return
+        if self.held_back(lst, name, path):
+            return
+        if not self.delete:
+            self.files += unit.files
+            self.bytes += unit.bytes
+            if self.listed:
+                self.gone_unit(lst, name, unit, age)
+            return
+        max_files, max_bytes, need_bytes = self.bound
+        if ((max_files >= 0 and self.deleted + unit.files > max_files) or (max_bytes >= 0 and self.freed + unit.bytes > max_bytes)
+                or (need_bytes >= 0 and self.freed >= need_bytes)):
+            self.stopped = True
+            return
+        if self.held(path, unit):
+            return
+        try:
+            st = os.stat(name, dir_fd=lst.fd, follow_symlinks=False)
+            self.ctx.before_delete(name)
+            unittree.remove_tree_at(lst.fd, name, self.rule.dev, st.st_ino)
+        except OSError as exc:
+            self.ctx.skip_error(path, exc)
+            return
+        self.files += unit.files
+        self.bytes += unit.bytes
+        self.freed += unit.bytes
+        self.deleted += unit.files
+        self.ctx.went(self.root, path, (unit.bytes, unit.files), self.reason, age, True)
+
+    def gone_unit(self, lst: walker.Listing, name: str, unit: unittree.UnitStats, age: float) -> None:
+        if self.on_gone is not None:
+            self.on_gone(lst, [(name, unit.bytes, age)], unit.files)
+
+    def held_back(self, lst: walker.Listing, name: str, path: str) -> bool:
+        """A due unit a process whose open files could not be read could hold (OpenFiles.hold_back)."""
+        hold_back = getattr(self.ctx.tools.open_files, "hold_back", None)
+        if hold_back is None:
+            return False
+        try:
+            st = os.stat(name, dir_fd=lst.fd, follow_symlinks=False)
+        except OSError:
+            return True
+        if hold_back(st):
+            (self.ctx.tally if self.reports else self.scratch).skip("unverifiable-open", path)
+            return True
+        return False
+
+    def held(self, path: str, unit: unittree.UnitStats) -> bool:
+        if self.ctx.tools.open_files.any_open(unit.inodes):
+            if self.reports:
+                self.ctx.skip_open(path, unit.inodes)
+            else:
+                self.scratch.skip("open", path)
+            return True
+        return False

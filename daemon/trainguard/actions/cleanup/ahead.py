@@ -1,0 +1,147 @@
+"""Counting ahead: a count of an age policy (a dry run, the count a max_delete guard makes first)
+judges a directory's subdirectories on several threads at once, while this thread opens and
+lists the next ones.
+
+The walk (walker.scan) goes depth-first, one directory at a time: a count of many small
+directories kept one core busy with lstats and, between them, with its own Python work (the
+names, the exclude globs). Here, once a directory's own batches are judged, its subdirectories
+are each opened as the walk opens them (walker.open_child: the inode listed, same filesystem and
+mount), read, checked in place (the hook's "open_dir" and "batch" come as in the walk) and
+filtered by the pass; their judges run on `threads` threads, at most `window` in flight (their
+fds and names). Each result is then taken, in order, as the walk would take it: its counts, issues
+and due entries, between the pass's begin and end of that directory.
+
+A subdirectory with subdirectories of its own, or more names than one read, goes back to the
+walk, which counts it as before: what was judged here is dropped. Counting only reads, so the
+order directories are counted in changes no total; a pass that deletes never comes here.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections import deque
+from typing import Any
+
+from trainguard.actions.cleanup import agerules, walker
+from trainguard.actions.cleanup.agerules import Bound
+
+Child = tuple[str, int]  # (name, inode listed), as Listing.data holds the subdirectories to enter
+
+
+class _Job:
+    __slots__ = ("index", "child", "sub", "args", "done", "result")
+
+    def __init__(self, index: int, child: Child, sub: walker.Listing, args: tuple):
+        self.index, self.child, self.sub, self.args = index, child, sub, args
+        self.done = threading.Lock()
+        self.done.acquire()  # released by the thread that judged it
+        self.result: Any = None
+
+
+class Ahead:
+    """The count threads of one pass (p: an age_fast.Pass); close() ends them."""
+
+    def __init__(self, p: Any, threads: int, read_bytes: int):
+        self.p, self.threads, self.read_bytes = p, threads, read_bytes  # read_bytes: as the pass reads
+        self.window = 4 * threads
+        self.todo: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self.workers: list[threading.Thread] = []  # started on the first directory with subdirectories
+
+    def _work(self) -> None:
+        while (job := self.todo.get()) is not None:
+            try:
+                job.result = agerules.judge_batch(*job.args, threads=1)  # the threads are across directories
+            except BaseException as exc:  # handed to the counting thread
+                job.result = exc
+            job.done.release()
+
+    def close(self) -> None:
+        for _ in self.workers:
+            self.todo.put(None)
+        for worker in self.workers:
+            worker.join()
+        self.workers = []
+
+    def count(self, lst: walker.Listing, children: list[Child]) -> list[Child]:
+        """Count lst's subdirectories (children, last first, as lst.data holds them); returns those the
+        walk must still enter, in the same form."""
+        if not self.workers:
+            self.workers = [threading.Thread(target=self._work, name="cleanup-count", daemon=True)
+                            for _ in range(self.threads)]
+            for worker in self.workers:
+                worker.start()
+        back: list[tuple[int, Child]] = []
+        jobs: deque[_Job] = deque()
+        try:
+            for index, child in enumerate(reversed(children)):
+                job = self._start(lst, index, child, back)
+                if job is not None:
+                    jobs.append(job)
+                if len(jobs) >= self.window:
+                    self._take(jobs.popleft(), back)
+            while jobs:
+                self._take(jobs.popleft(), back)
+        finally:
+            for job in jobs:  # after an error: wait for the judges still running, then close
+                job.done.acquire()
+                os.close(job.sub.fd)
+        return [child for _i, child in sorted(back, reverse=True)]
+
+    def _start(self, lst: walker.Listing, index: int, child: Child, back: list) -> _Job | None:
+        p = self.p
+        o, hook = p.root.opened, p.ctx.tools.hook
+        try:
+            sub = walker.open_child(lst, *child, dev=o.dev, mnt=o.mnt, hook=hook)
+        except OSError as exc:  # reported as the walk reports it, and not entered
+            p.problem(walker.WalkProblem.of(lst.prefix + child[0], exc))
+            return None
+        try:
+            names = sub.read(self.read_bytes)
+            if names and sub.read(self.read_bytes):
+                back.append((index, child))  # a large directory: the walk counts it batch by batch
+                os.close(sub.fd)
+                return None
+            if names and hook is not None:
+                hook("batch", sub.path)
+            if names and not walker.in_place(sub):  # the last check before the batch is judged
+                self._finish(sub, walker.moved(sub), left=True)
+                return None
+        except OSError as exc:
+            self._finish(sub, walker.WalkProblem.of(sub.path, exc))
+            return None
+        if not names:
+            self._finish(sub)  # empty: nothing to count, but the pass sees it (begin, end)
+            return None
+        names, wanted = p.candidates(sub, names)
+        job = _Job(index, child, sub, (sub.fd, names, wanted, p.rule, p.ctx.tools.open_files.inodes_on(o.dev), False,
+                                Bound(), p.listed))
+        self.todo.put(job)
+        return job
+
+    def _take(self, job: _Job, back: list) -> None:
+        job.done.acquire()
+        got = job.result
+        if isinstance(got, BaseException):
+            os.close(job.sub.fd)
+            raise got
+        if got.dirs:  # the walk enters it (and counts its names again) to reach its subdirectories
+            back.append((job.index, job.child))
+        else:
+            p = self.p
+            job.sub.data = []
+            p.begin(job.sub)
+            p.take(job.sub, got)
+            p.end(job.sub)
+        os.close(job.sub.fd)
+
+    def _finish(self, sub: walker.Listing, problem: walker.WalkProblem | None = None, left: bool = False) -> None:
+        """A subdirectory done without a judge, as the walk would have seen it (left: it left the root)."""
+        p = self.p
+        sub.data = False if left else []
+        p.begin(sub)
+        if problem is not None:
+            p.problem(problem)
+        p.end(sub)
+        os.close(sub.fd)
