@@ -6,6 +6,7 @@ and no fd is left open."""
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 from trainguard.actions.cleanup import age_fast, agerules, ahead
@@ -97,3 +98,19 @@ def test_a_count_ahead_closes_every_directory_it_opened(tmp_path, monkeypatch):
     _report, calls = _count(tmp_path, monkeypatch, "ahead", 3)
     assert calls
     assert set(os.listdir("/proc/self/fd")) <= before
+
+
+@needs_extension
+def test_an_error_while_counting_ahead_closes_every_directory_and_stops_the_threads(tmp_path, monkeypatch):
+    _tree(tmp_path / "ahead")
+    before = set(os.listdir("/proc/self/fd"))
+    threads = set(threading.enumerate())
+
+    def hook(event: str, relpath: str) -> None:
+        if event == "batch" and relpath == "p1/leaf07":  # several leaves opened and in flight by now
+            raise RuntimeError("interrupted")
+
+    with pytest.raises(RuntimeError, match="interrupted"):
+        _count(tmp_path, monkeypatch, "ahead", 3, hook=hook)
+    assert set(os.listdir("/proc/self/fd")) <= before
+    assert set(threading.enumerate()) <= threads

@@ -91,17 +91,30 @@ class Ahead:
 
     def _start(self, lst: walker.Listing, index: int, child: Child, back: list) -> _Job | None:
         p = self.p
-        o, hook = p.root.opened, p.ctx.tools.hook
+        o = p.root.opened
         try:
-            sub = walker.open_child(lst, *child, dev=o.dev, mnt=o.mnt, hook=hook)
+            sub = walker.open_child(lst, *child, dev=o.dev, mnt=o.mnt, hook=p.ctx.tools.hook)
         except OSError as exc:  # reported as the walk reports it, and not entered
             p.problem(walker.WalkProblem.of(lst.prefix + child[0], exc))
             return None
         try:
+            job = self._listed(sub, index, child, back)
+        except BaseException:
+            os.close(sub.fd)
+            raise
+        if job is None:
+            os.close(sub.fd)
+        else:
+            self.todo.put(job)
+        return job
+
+    def _listed(self, sub: walker.Listing, index: int, child: Child, back: list) -> _Job | None:
+        """sub read and checked as the walk does before a batch: its judge's job, or None (done, or back)."""
+        p, hook = self.p, self.p.ctx.tools.hook
+        try:
             names = sub.read(self.read_bytes)
             if names and sub.read(self.read_bytes):
                 back.append((index, child))  # a large directory: the walk counts it batch by batch
-                os.close(sub.fd)
                 return None
             if names and hook is not None:
                 hook("batch", sub.path)
@@ -115,26 +128,24 @@ class Ahead:
             self._finish(sub)  # empty: nothing to count, but the pass sees it (begin, end)
             return None
         names, wanted = p.candidates(sub, names)
-        job = _Job(index, child, sub, (sub.fd, names, wanted, p.rule, p.ctx.tools.open_files.inodes_on(o.dev), False,
-                                Bound(), p.listed))
-        self.todo.put(job)
-        return job
+        inodes = p.ctx.tools.open_files.inodes_on(p.rule.dev)
+        return _Job(index, child, sub, (sub.fd, names, wanted, p.rule, inodes, False, Bound(), p.listed))
 
     def _take(self, job: _Job, back: list) -> None:
         job.done.acquire()
-        got = job.result
-        if isinstance(got, BaseException):
-            os.close(job.sub.fd)
-            raise got
-        if got.dirs:  # the walk enters it (and counts its names again) to reach its subdirectories
-            back.append((job.index, job.child))
-        else:
-            p = self.p
+        try:
+            got = job.result
+            if isinstance(got, BaseException):
+                raise got
+            if got.dirs:  # the walk enters it (and counts its names again) to reach its subdirectories
+                back.append((job.index, job.child))
+                return
             job.sub.data = []
-            p.begin(job.sub)
-            p.take(job.sub, got)
-            p.end(job.sub)
-        os.close(job.sub.fd)
+            self.p.begin(job.sub)
+            self.p.take(job.sub, got)
+            self.p.end(job.sub)
+        finally:
+            os.close(job.sub.fd)
 
     def _finish(self, sub: walker.Listing, problem: walker.WalkProblem | None = None, left: bool = False) -> None:
         """A subdirectory done without a judge, as the walk would have seen it (left: it left the root)."""
@@ -144,4 +155,3 @@ class Ahead:
         if problem is not None:
             p.problem(problem)
         p.end(sub)
-        os.close(sub.fd)
