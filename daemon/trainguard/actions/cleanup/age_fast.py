@@ -1,8 +1,9 @@
 """One pass of the age engine over one root: walker.scan, each directory judged in batches by the
 age rules (agerules: the compiled judge, or the same rules in Python), everything else here in
 Python: which names are candidates at all (mount points below the root, exclude globs, patterns,
-a cache's own files), cache units (judged whole) and held locks, the bounds, and every count,
-skip, report and audit row. kind_age.py decides which passes a run makes.
+a cache's own files), cache units (judged whole: age_units.py) and held locks, the bounds, and every
+count, skip, report and audit row. kind_age.py decides which passes a run makes; a count judges a
+directory's subdirectories on several threads (ahead.py).
 
 A pass counts (a plan, a dry run; `listed` also hands back each due entry, for a histogram or a
 listing) or deletes (due from `older_than`, within a Bound). Before each batch the directory's
