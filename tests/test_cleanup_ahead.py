@@ -36,13 +36,14 @@ def _tree(root) -> None:
     make(root / "p1" / "leaf05" / "fresh.dat", age=60 - DAY)  # a minute before the runner's clock: in grace
 
 
-def _count(tmp_path, monkeypatch, name: str, threads: int, hook=None, dry: bool = True, **kw):
+def _count(tmp_path, monkeypatch, name: str, threads: int, hook=None, dry: bool = True):
+    """The guarded age policy on tmp_path/name, counted on `threads` threads (1: the walk alone)."""
     monkeypatch.setattr(agerules, "COUNT_THREADS", threads)
     calls = []
     count = ahead.Ahead.count
     monkeypatch.setattr(ahead.Ahead, "count", lambda self, lst, children: calls.append(lst.path) or
                         count(self, lst, children))
-    report = runner(tmp_path, DAY, hook=hook).run(policy(name=name, roots=[str(tmp_path / name)], **(kw or GUARDED)),
+    report = runner(tmp_path, DAY, hook=hook).run(policy(name=name, roots=[str(tmp_path / name)], **GUARDED),
                                                   dry_run=dry)
     return report, calls
 
