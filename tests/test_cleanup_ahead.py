@@ -38,7 +38,7 @@ def _tree(root) -> None:
 
 def _count(tmp_path, monkeypatch, name: str, threads: int, hook=None, dry: bool = True):
     """The guarded age policy on tmp_path/name, counted on `threads` threads (1: the walk alone)."""
-    monkeypatch.setattr(agerules, "COUNT_THREADS", threads)
+    monkeypatch.setattr(agerules, "THREADS", threads)
     calls = []
     count = ahead.Ahead.count
     monkeypatch.setattr(ahead.Ahead, "count", lambda self, lst, children: calls.append(lst.path) or

@@ -65,10 +65,9 @@ class Pass(CacheUnits):
     def run(self) -> None:
         o, ctx = self.root.opened, self.ctx
         ctx.tools.open_files.refresh()
-        # A count of an age policy judges subdirectories on several threads (ahead.py); deleting never does.
-        if (not self.delete and ENABLED and agerules.COUNT_THREADS > 1 and self.units is None
-                and getattr(ctx.tools.open_files, "hold_back", None) is None):
-            self.ahead = ahead.Ahead(self, agerules.COUNT_THREADS, READ_BYTES)
+        # A count judges subdirectories on several threads (ahead.py); a walk that deletes never does.
+        if not self.delete and self.threads() > 1:
+            self.ahead = ahead.Ahead(self, agerules.THREADS, READ_BYTES)
         try:
             for lst in walker.scan(o.fd, dev=o.dev, on_problem=self.problem, hook=ctx.tools.hook, mnt=o.mnt,
                                    post=self.remove_dirs):
@@ -79,6 +78,13 @@ class Pass(CacheUnits):
         finally:
             if self.ahead is not None:
                 self.ahead.close()
+
+    def threads(self) -> int:
+        """Threads this pass may judge directories on: one for the Python judge (its hooks race one
+        entry at a time), for a cache (units, locks) and when some processes' fds could not be read."""
+        if ENABLED and self.units is None and getattr(self.ctx.tools.open_files, "hold_back", None) is None:
+            return agerules.THREADS
+        return 1
 
     def problem(self, p: walker.WalkProblem) -> None:
         self.scratch.skip(p.reason, full_path(self.root, p.path), p.detail)
@@ -154,19 +160,24 @@ class Pass(CacheUnits):
                     self.busy = f"in use: {path} is held by a process"
 
     def batch(self, lst: walker.Listing, names: list[str]) -> None:
+        self.take(lst, self.judge(lst, names, self.left() if self.delete else self.bound))
+
+    def left(self) -> Bound:
+        """What the bound still allows this pass to unlink."""
+        return Bound(*(-1 if b < 0 else max(0, b - done) for b, done in
+                       zip(self.bound, (self.deleted, self.freed, self.freed))))
+
+    def judge(self, lst: walker.Listing, names: list[str], bound: Bound,
+              threads: int = agerules.THREADS) -> agerules.Batch:
+        """One batch of lst's names judged (deleting: unlinked within bound); nothing counted yet."""
         names, wanted = self.candidates(lst, names)
-        ctx = self.ctx
-        hook = ctx.tools.hook
-        bound = self.bound
-        if self.delete:
-            bound = Bound(*(-1 if b < 0 else max(0, b - done) for b, done in
-                            zip(bound, (self.deleted, self.freed, self.freed))))
-        of = ctx.tools.open_files
+        hook = self.ctx.tools.hook
+        of = self.ctx.tools.open_files
         dev = self.rule.dev
-        self.take(lst, agerules.judge_batch(
+        return agerules.judge_batch(
             lst.fd, names, wanted, self.rule, of.inodes_on(dev), self.delete, bound, self.listed, ENABLED,
             is_open=lambda ino: of.is_open(dev, ino), hook=None if hook is None else lambda e, n: hook(e, lst.prefix + n),
-            hold_back=getattr(of, "hold_back", None)))  # processes whose open files could not be read
+            hold_back=getattr(of, "hold_back", None), threads=threads)  # hold_back: processes whose fds could not be read
 
     def take(self, lst: walker.Listing, got: agerules.Batch) -> None:
         """One judged batch: its counts, its subdirectories (lst.data), its issues and what went."""

@@ -27,9 +27,11 @@ IGNORED, IS_DIR, STAT_ERROR, OTHER_DEV, GRACE, YOUNG, OPEN, EXPIRED, UNLINK_ERRO
 HELD_BACK = 10  # Python only: due, but a process whose files could not be read could hold it (hold_back)
 AGE_BITS = {"atime": 1, "mtime": 2, "ctime": 4}
 NO_LIMIT = -1
-# Threads the compiled judge counts a large batch on (the lstats; deleting is always one thread):
-# the CPUs this process may run on, at most 4 (a batch is a directory's names, ~1,000 at a time).
-COUNT_THREADS = max(1, min(4, len(os.sched_getaffinity(0))))
+# Threads a run judges on: the CPUs this process may run on, at most 4. The compiled judge counts
+# a large batch on them (its lstats; a batch is a directory's names, ~1,000 at a time); a count or a
+# guarded deletion judges several directories at once on them (ahead.py, remembered.py). One batch
+# is always deleted on one thread: unlinks in one directory take its lock in turn.
+THREADS = max(1, min(4, len(os.sched_getaffinity(0))))
 
 
 class Rule(NamedTuple):
@@ -82,7 +84,7 @@ def age_timestamp(st: os.stat_result, mask: int) -> float:
 def judge_batch(dir_fd: int, names: list[str], wanted: bytes | None, rule: Rule, open_inos: bytes, delete: bool,
                 bound: Bound = Bound(), listed: bool = False, compiled: bool = True,
                 is_open: Callable[[int], bool] | None = None, hook: Callable[[str, str], None] | None = None,
-                hold_back: Callable[[os.stat_result], bool] | None = None, threads: int = COUNT_THREADS) -> Batch:
+                hold_back: Callable[[os.stat_result], bool] | None = None, threads: int = THREADS) -> Batch:
     """Judge (and, deleting, unlink) one batch. compiled: the C judge when it is built; else this
     module's, which may also take is_open (a live open-file check, per entry), hook(event, name)
     ("judged" and "before_delete", for tests that race one entry) and hold_back(lstat) (a due

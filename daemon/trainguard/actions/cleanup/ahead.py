@@ -19,25 +19,23 @@ order directories are counted in changes no total; a pass that deletes never com
 from __future__ import annotations
 
 import os
-import queue
-import threading
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainguard.actions.cleanup import agerules, walker
 from trainguard.actions.cleanup.agerules import Bound
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future, ThreadPoolExecutor
 
 Child = tuple[str, int]  # (name, inode listed), as Listing.data holds the subdirectories to enter
 
 
 class _Job:
-    __slots__ = ("index", "child", "sub", "args", "done", "result")
+    __slots__ = ("index", "child", "sub", "future")
 
-    def __init__(self, index: int, child: Child, sub: walker.Listing, args: tuple):
-        self.index, self.child, self.sub, self.args = index, child, sub, args
-        self.done = threading.Lock()
-        self.done.acquire()  # released by the thread that judged it
-        self.result: Any = None
+    def __init__(self, index: int, child: Child, sub: walker.Listing, future: Future):
+        self.index, self.child, self.sub, self.future = index, child, sub, future
 
 
 class Ahead:
@@ -46,32 +44,20 @@ class Ahead:
     def __init__(self, p: Any, threads: int, read_bytes: int):
         self.p, self.threads, self.read_bytes = p, threads, read_bytes  # read_bytes: as the pass reads
         self.window = 4 * threads
-        self.todo: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self.workers: list[threading.Thread] = []  # started on the first directory with subdirectories
-
-    def _work(self) -> None:
-        while (job := self.todo.get()) is not None:
-            try:
-                job.result = agerules.judge_batch(*job.args, threads=1)  # the threads are across directories
-            except BaseException as exc:  # handed to the counting thread
-                job.result = exc
-            job.done.release()
+        self.pool: ThreadPoolExecutor | None = None  # started on the first directory with subdirectories
 
     def close(self) -> None:
-        for _ in self.workers:
-            self.todo.put(None)
-        for worker in self.workers:
-            worker.join()
-        self.workers = []
+        if self.pool is not None:
+            self.pool.shutdown()
+            self.pool = None
 
     def count(self, lst: walker.Listing, children: list[Child]) -> list[Child]:
         """Count lst's subdirectories (children, last first, as lst.data holds them); returns those the
         walk must still enter, in the same form."""
-        if not self.workers:
-            self.workers = [threading.Thread(target=self._work, name="cleanup-count", daemon=True)
-                            for _ in range(self.threads)]
-            for worker in self.workers:
-                worker.start()
+        if self.pool is None:
+            from concurrent.futures import ThreadPoolExecutor  # a count with subdirectories only
+
+            self.pool = ThreadPoolExecutor(self.threads, "cleanup-count")
         back: list[tuple[int, Child]] = []
         jobs: deque[_Job] = deque()
         try:
@@ -85,7 +71,7 @@ class Ahead:
                 self._take(jobs.popleft(), back)
         finally:
             for job in jobs:  # after an error: wait for the judges still running, then close
-                job.done.acquire()
+                job.future.exception()
                 os.close(job.sub.fd)
         return [child for _i, child in sorted(back, reverse=True)]
 
@@ -98,18 +84,18 @@ class Ahead:
             p.problem(walker.WalkProblem.of(lst.prefix + child[0], exc))
             return None
         try:
-            job = self._listed(sub, index, child, back)
+            args = self._listed(sub, index, child, back)
         except BaseException:
             os.close(sub.fd)
             raise
-        if job is None:
+        if args is None:
             os.close(sub.fd)
-        else:
-            self.todo.put(job)
-        return job
+            return None
+        # threads=1: the threads are across directories
+        return _Job(index, child, sub, self.pool.submit(agerules.judge_batch, *args, threads=1))
 
-    def _listed(self, sub: walker.Listing, index: int, child: Child, back: list) -> _Job | None:
-        """sub read and checked as the walk does before a batch: its judge's job, or None (done, or back)."""
+    def _listed(self, sub: walker.Listing, index: int, child: Child, back: list) -> tuple | None:
+        """sub read and checked as the walk does before a batch: its judge's arguments, or None (done, or back)."""
         p, hook = self.p, self.p.ctx.tools.hook
         try:
             names = sub.read(self.read_bytes)
@@ -129,14 +115,11 @@ class Ahead:
             return None
         names, wanted = p.candidates(sub, names)
         inodes = p.ctx.tools.open_files.inodes_on(p.rule.dev)
-        return _Job(index, child, sub, (sub.fd, names, wanted, p.rule, inodes, False, Bound(), p.listed))
+        return sub.fd, names, wanted, p.rule, inodes, False, Bound(), p.listed
 
     def _take(self, job: _Job, back: list) -> None:
-        job.done.acquire()
         try:
-            got = job.result
-            if isinstance(got, BaseException):
-                raise got
+            got = job.future.result()
             if got.dirs:  # the walk enters it (and counts its names again) to reach its subdirectories
                 back.append((job.index, job.child))
                 return

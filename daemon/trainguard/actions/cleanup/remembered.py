@@ -9,6 +9,7 @@ which lstats each one again just before its unlink, with the bound left. A direc
 the inode counted (renamed away, replaced) is not cleaned; one that leaves the root between two
 batches is noticed before the next, as in a walk. No getdents, no stat of the young files, no
 directory opened twice per level: the second walk's cost, minus what the count already learned.
+Several directories are deleted at once, one a thread (_InOrder), their results taken in order.
 
 Memory is bounded: past BUDGET bytes of remembered names the walk forgets them and the deletion is
 a second walk (kind_age._delete), as before this module.
@@ -17,6 +18,7 @@ a second walk (kind_age._delete), as before this module.
 from __future__ import annotations
 
 import os
+from collections import deque
 
 from trainguard.actions.cleanup import agerules, walker
 from trainguard.actions.cleanup.age_fast import Pass
@@ -90,49 +92,158 @@ def delete_remembered(ctx: Ctx, root: Root, dirs: list[list], older_than: float,
     p = Pass(ctx, root, older_than, delete=True, bound=bound, remove_dirs=remove_dirs)
     ctx.tools.open_files.refresh()  # what is open now, not when the count began
     parents = _Parents(root)
+    order = _InOrder(p, p.threads() if bound.max_bytes < 0 else 1)
     try:
         for path, name, st, chunks in reversed(dirs):
             if chunks and not p.stopped:
-                _delete_in(p, root, path, name, st, chunks)
+                lst = _open(p, root, path, name, st)
+                if lst is not None:
+                    order.delete_in(lst, chunks)
             if remove_dirs and path:
-                parent = parents.get(path.rpartition("/")[0])
-                if parent is not None:
-                    gone = walker.Listing(-1, path, name, st, parent, None)
-                    gone.done = True
-                    p.rmdir(gone)
+                order.then(lambda path=path, name=name, st=st: _rmdir(p, parents, path, name, st))
+        order.drain()
     finally:
+        order.close()
         parents.close()
     return dict(p.scratch.skipped)
 
 
-def _delete_in(p: Pass, root: Root, path: str, name: str, st: os.stat_result, chunks: list[str]) -> None:
-    hook = p.ctx.tools.hook
-    if hook is not None:
-        hook("open_dir", path)
+def _open(p: Pass, root: Root, path: str, name: str, st: os.stat_result) -> walker.Listing | None:
+    """The counted directory, reopened below the root; None (reported) if it is not there."""
+    if p.ctx.tools.hook is not None:
+        p.ctx.tools.hook("open_dir", path)
     try:
         fd = walker.open_beneath(root.opened.fd, path, root.opened.dev)
     except OSError as exc:
         p.problem(walker.WalkProblem.of(path, exc))
-        return
-    try:
-        lst = walker.Listing(fd, path, name, st, None, walker.place_of(fd))
-        lst.data = []
-        if os.fstat(fd).st_ino != st.st_ino:
-            p.problem(walker.moved(lst))
-            return
-        for joined in chunks:
-            names = joined.split("\0")
-            for start in range(0, len(names), CHUNK):
-                if p.stopped:
-                    return
-                if hook is not None:
-                    hook("batch", path)
-                if not walker.in_place(lst):
-                    p.problem(walker.moved(lst))
-                    return
-                p.batch(lst, names[start:start + CHUNK])
-    finally:
+        return None
+    lst = walker.Listing(fd, path, name, st, None, walker.place_of(fd))
+    lst.data = []
+    if os.fstat(fd).st_ino != st.st_ino:
+        p.problem(walker.moved(lst))
         os.close(fd)
+        return None
+    return lst
+
+
+def _deleted_in(p: Pass, lst: walker.Listing, chunks: list[str], bound: Bound) -> list[agerules.Batch | None]:
+    """Unlink the remembered names of one directory, batch by batch, within bound; a None after the
+    batches: the directory left the root (checked before each batch), nothing more judged there.
+    Nothing is counted here: this may run on a thread of its own (_InOrder)."""
+    hook, got = p.ctx.tools.hook, []
+    for joined in chunks:
+        names = joined.split("\0")
+        for start in range(0, len(names), CHUNK):
+            if hook is not None:
+                hook("batch", lst.path)
+            if not walker.in_place(lst):
+                return got + [None]
+            batch = p.judge(lst, names[start:start + CHUNK], bound, threads=1)
+            got.append(batch)
+            if any(code == agerules.OVER_BOUND for _n, code, *_rest in batch.issues):
+                return got  # the bound is reached: nothing more goes in this run
+            bound = Bound(*(-1 if b < 0 else b - done for b, done in zip(bound, (batch.files, batch.bytes, 0))))
+    return got
+
+
+class _InOrder:
+    """The deletion of several directories at once, each on one of `threads` threads, each result
+    taken on this thread in the order given, as one thread deleting them in turn would take it
+    (counts, audit rows, the next step queued with then()).
+
+    max_delete stays a hard bound: a directory goes to a thread only if the names it holds fit in
+    what the bound still allows, less what the directories in flight may take; else the ones in
+    flight are taken first and it is deleted here, with the exact remainder (a bound in bytes: every
+    directory here, since a size is only known from its lstat)."""
+
+    def __init__(self, p: Pass, threads: int):
+        self.p, self.threads = p, threads
+        self.pool = None  # a ThreadPoolExecutor, from the first directory handed to a thread
+        self.queue: deque = deque()  # in order: (listing, names reserved, future) or a step to run
+        self.reserved = self.in_flight = 0
+
+    def delete_in(self, lst: walker.Listing, chunks: list[str]) -> None:
+        n = sum(joined.count("\0") + 1 for joined in chunks)
+        left = self.p.left().max_files
+        if self.threads < 2 or 0 <= left < self.reserved + n:
+            self.drain()
+            if self.p.stopped:
+                os.close(lst.fd)
+                return
+            try:
+                self._take(lst, _deleted_in(self.p, lst, chunks, self.p.left()))
+            finally:
+                os.close(lst.fd)
+            return
+        if self.pool is None:
+            from concurrent.futures import ThreadPoolExecutor  # a guarded deletion of many directories only
+
+            self.pool = ThreadPoolExecutor(self.threads, "cleanup-delete")
+        bound = Bound(-1 if left < 0 else n)  # the names it holds: reserved below
+        self.queue.append((lst, n, self.pool.submit(_deleted_in, self.p, lst, chunks, bound)))
+        self.reserved += n
+        self.in_flight += 1
+        while self.in_flight > 2 * self.threads:
+            self._next()
+
+    def then(self, step) -> None:
+        """Run step once every directory handed over before it is taken."""
+        if self.queue:
+            self.queue.append(step)
+        else:
+            step()
+
+    def drain(self) -> None:
+        while self.queue:
+            self._next()
+
+    def _next(self) -> None:
+        item = self.queue.popleft()
+        if callable(item):
+            item()
+            return
+        lst, n, future = item
+        self.reserved -= n
+        self.in_flight -= 1
+        try:
+            self._take(lst, future.result())
+        finally:
+            os.close(lst.fd)
+
+    def _take(self, lst: walker.Listing, got: list[agerules.Batch | None]) -> None:
+        for batch in got:
+            if batch is None:
+                self.p.problem(walker.moved(lst))
+            else:
+                self.p.take(lst, batch)
+
+    def close(self) -> None:
+        """After an error: what the threads deleted is still taken (counted, audited) while taking
+        works; nothing more is started. Every fd is closed."""
+        taking = True
+        for item in self.queue:
+            if callable(item):
+                continue
+            lst, _n, future = item
+            try:
+                got = future.result()  # waits for its thread
+                if taking:
+                    self._take(lst, got)
+            except Exception:  # the error being raised already says what failed
+                taking = False
+            finally:
+                os.close(lst.fd)
+        self.queue.clear()
+        if self.pool is not None:
+            self.pool.shutdown()
+
+
+def _rmdir(p: Pass, parents: _Parents, path: str, name: str, st: os.stat_result) -> None:
+    parent = parents.get(path.rpartition("/")[0])
+    if parent is not None:
+        gone = walker.Listing(-1, path, name, st, parent, None)
+        gone.done = True
+        p.rmdir(gone)
 
 
 class _Parents:
