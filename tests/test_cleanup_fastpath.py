@@ -248,12 +248,12 @@ def test_audit_rows_written_behind_land_in_order_and_a_failed_write_is_raised(tm
     for i in range(10):
         audit.record("p", "/data", f"/data/f{i}", i, 1, "age")
     audit.flush()
-    assert [p for (p,) in conn.execute("SELECT path FROM cleanup_audit ORDER BY rowid")] == [f"/data/f{i}" for i in range(10)]
+    assert [p for (p,) in conn.execute("SELECT path FROM cleanup_log ORDER BY rowid")] == [f"/data/f{i}" for i in range(10)]
     assert conn.execute("SELECT files, bytes FROM cleanup_totals").fetchone() == (10, 45)
-    conn.execute("DROP TABLE cleanup_audit")  # the next batch cannot be written
+    conn.execute("DROP TABLE cleanup_log")  # the next batch cannot be written
     for i in range(3):
         audit.record("p", "/data", f"/data/g{i}", 1, 1, "age")
-    with pytest.raises(sqlite3.OperationalError, match="cleanup_audit"):
+    with pytest.raises(sqlite3.OperationalError, match="cleanup_log"):
         audit.flush()
 
 

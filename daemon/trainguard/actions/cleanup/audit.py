@@ -6,10 +6,17 @@ thread, while the cleanup loop goes on deleting (the compiled age loop releases 
 for a whole batch of names, so SQLite and unlink run on two cores); flush() waits for it,
 and a failed write is raised there. Per-policy totals are kept in their own table, so
 pruning old rows never changes "freed in total".
+
+The files one batch deleted from one directory are one row of cleanup_log: the directory in
+path, their count and bytes, and their names and sizes in `names` (JSON). A row per file
+cost more than its unlink (three B-trees, a path each). The view cleanup_audit shows every
+deleted path on a row of its own, as the table of that name did before (a database that has
+that table is converted when it is first opened here).
 """
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 import time
@@ -19,17 +26,18 @@ from typing import Callable
 from trainguard.actions.cleanup.report import printable
 
 SCHEMA = """
-CREATE TABLE IF NOT EXISTS cleanup_audit (
+CREATE TABLE IF NOT EXISTS cleanup_log (
     ts REAL NOT NULL,
     policy TEXT NOT NULL,
     mount TEXT NOT NULL,
     path TEXT NOT NULL,
     bytes INTEGER NOT NULL,
     files INTEGER NOT NULL,
-    reason TEXT NOT NULL
+    reason TEXT NOT NULL,
+    names TEXT
 );
-CREATE INDEX IF NOT EXISTS cleanup_audit_ts ON cleanup_audit (ts);
-CREATE INDEX IF NOT EXISTS cleanup_audit_policy_ts ON cleanup_audit (policy, ts);
+CREATE INDEX IF NOT EXISTS cleanup_log_ts ON cleanup_log (ts);
+CREATE INDEX IF NOT EXISTS cleanup_log_policy_ts ON cleanup_log (policy, ts);
 CREATE TABLE IF NOT EXISTS cleanup_totals (
     policy TEXT PRIMARY KEY,
     files INTEGER NOT NULL,
@@ -37,6 +45,16 @@ CREATE TABLE IF NOT EXISTS cleanup_totals (
     last_run REAL
 );
 """
+# Every deleted path on a row of its own (names: [[name, bytes], ...] of files gone from path),
+# with the row and the place in it the path came from, for ordering.
+_EACH_PATH = """
+SELECT ts, policy, mount, path, bytes, files, reason, rowid AS row, -1 AS item FROM cleanup_log WHERE names IS NULL
+UNION ALL
+SELECT l.ts, l.policy, l.mount, l.path || '/' || json_extract(j.value, '$[0]'), json_extract(j.value, '$[1]'), 1,
+       l.reason, l.rowid, j.key
+FROM cleanup_log AS l, json_each(l.names) AS j WHERE l.names IS NOT NULL
+"""
+_VIEW = f"CREATE VIEW IF NOT EXISTS cleanup_audit AS SELECT ts, policy, mount, path, bytes, files, reason FROM ({_EACH_PATH})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +82,7 @@ class AuditLog:
         self._behind: threading.Thread | None = None  # the batch being written behind
         self._failed: BaseException | None = None  # how it failed, raised by the next flush
         conn.executescript(SCHEMA)
+        _convert(conn)
 
     def record(self, policy: str, mount: str, path: str, nbytes: int, files: int, reason: str) -> None:
         self._pending.append((self.clock(), policy, mount, printable(path), nbytes, files, reason))
@@ -72,7 +91,7 @@ class AuditLog:
     def record_files(self, policy: str, mount: str, parent: str, files: list[tuple[str, int, float]],
                      reason: str) -> None:
         """record() for many single files gone from one directory at once: (name, bytes, age) each, one
-        reason. Their rows are built where they are written (behind, on the writer's thread)."""
+        reason. Their row is built where it is written (behind, on the writer's thread)."""
         self._pending.append((self.clock(), policy, mount, parent, files, reason))
         self._rows += len(files) - 1
         self._added(policy, len(files), sum(nbytes for _name, nbytes, _age in files))
@@ -124,7 +143,7 @@ class AuditLog:
         # where a commit per row would dominate a large run.
         self.conn.execute("BEGIN IMMEDIATE")
         try:
-            self.conn.executemany("INSERT INTO cleanup_audit VALUES (?, ?, ?, ?, ?, ?, ?)", _expand(rows))
+            self.conn.executemany("INSERT INTO cleanup_log VALUES (?, ?, ?, ?, ?, ?, ?, ?)", map(_row, rows))
             for policy, (files, nbytes) in totals.items():
                 self.conn.execute(
                     "INSERT INTO cleanup_totals (policy, files, bytes, last_run) VALUES (?, ?, ?, ?) "
@@ -139,7 +158,7 @@ class AuditLog:
 
     def prune(self) -> None:
         self._wait()
-        self.conn.execute("DELETE FROM cleanup_audit WHERE ts < ?", (self.clock() - self.retention,))
+        self.conn.execute("DELETE FROM cleanup_log WHERE ts < ?", (self.clock() - self.retention,))
         if self.conn.in_transaction:
             self.conn.commit()
 
@@ -149,24 +168,39 @@ class AuditLog:
         return read_freed(self.conn, self.clock(), window)
 
     def entries(self, policy: str | None = None, limit: int = 100) -> list[tuple[float, str, str, int, str]]:
+        """The newest deleted paths, one each: (time, policy, path, bytes, reason)."""
         self.flush()
-        sql = "SELECT ts, policy, path, bytes, reason FROM cleanup_audit"
-        args: tuple = ()
-        if policy is not None:
-            sql += " WHERE policy = ?"
-            args = (policy,)
-        sql += " ORDER BY ts DESC, rowid DESC LIMIT ?"
-        return list(self.conn.execute(sql, args + (limit,)))
+        where, args = ("WHERE policy = ?", (policy,)) if policy is not None else ("", ())
+        return list(self.conn.execute(f"SELECT ts, policy, path, bytes, reason FROM ({_EACH_PATH}) {where} "
+                                      "ORDER BY ts DESC, row DESC, item DESC LIMIT ?", args + (limit,)))
 
 
-def _expand(pending: list[tuple]):
-    for item in pending:
-        if len(item) == 7:
-            yield item
-        else:
-            now, policy, mount, parent, files, reason = item
-            for name, nbytes, _age in files:
-                yield now, policy, mount, printable(f"{parent}/{name}"), nbytes, 1, reason
+def _row(item: tuple) -> tuple:
+    """A cleanup_log row: record()'s as it came, or record_files()'s batch with its names."""
+    if len(item) == 7:
+        return item + (None,)
+    now, policy, mount, parent, files, reason = item
+    names = json.dumps([(printable(name), nbytes) for name, nbytes, _age in files], ensure_ascii=False)
+    return now, policy, mount, printable(parent), sum(nbytes for _n, nbytes, _a in files), len(files), reason, names
+
+
+def _convert(conn: sqlite3.Connection) -> None:
+    """A database whose cleanup_audit is a table (a row per file) gets its rows moved into
+    cleanup_log and the view in its place, in one transaction (another process may open it too)."""
+    if conn.execute("SELECT type FROM sqlite_master WHERE name = 'cleanup_audit'").fetchone() != ("table",):
+        conn.execute(_VIEW)
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if conn.execute("SELECT type FROM sqlite_master WHERE name = 'cleanup_audit'").fetchone() == ("table",):
+            conn.execute("INSERT INTO cleanup_log (ts, policy, mount, path, bytes, files, reason) "
+                         "SELECT ts, policy, mount, path, bytes, files, reason FROM cleanup_audit ORDER BY rowid")
+            conn.execute("DROP TABLE cleanup_audit")
+            conn.execute(_VIEW)
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
 
 
 def freed_totals(conn: sqlite3.Connection) -> dict[str, int] | None:
@@ -180,10 +214,15 @@ def freed_totals(conn: sqlite3.Connection) -> dict[str, int] | None:
 
 def read_freed(conn: sqlite3.Connection, now: float, window: float = 86400.0) -> list[Freed]:
     """Freed per policy from a (read-only) connection, for `trainguard status`; [] before any cleanup."""
+    recent = {}
+    for table in ("cleanup_log", "cleanup_audit"):  # the table a database not yet converted has
+        try:
+            recent = {p: (f, b) for p, f, b in conn.execute(
+                f"SELECT policy, SUM(files), SUM(bytes) FROM {table} WHERE ts >= ? GROUP BY policy", (now - window,))}
+            break
+        except sqlite3.OperationalError:
+            continue
     try:
-        recent = dict(((p, (f, b)) for p, f, b in conn.execute(
-            "SELECT policy, SUM(files), SUM(bytes) FROM cleanup_audit WHERE ts >= ? GROUP BY policy",
-            (now - window,))))
         rows = list(conn.execute("SELECT policy, files, bytes, last_run FROM cleanup_totals ORDER BY policy"))
     except sqlite3.OperationalError:  # no cleanup has ever run: the tables do not exist yet
         return []
