@@ -164,8 +164,7 @@ class Pass(CacheUnits):
 
     def left(self) -> Bound:
         """What the bound still allows this pass to unlink."""
-        return Bound(*(-1 if b < 0 else max(0, b - done) for b, done in
-                       zip(self.bound, (self.deleted, self.freed, self.freed))))
+        return self.bound.after(self.deleted, self.freed)
 
     def judge(self, lst: walker.Listing, names: list[str], bound: Bound,
               threads: int = agerules.THREADS) -> agerules.Batch:

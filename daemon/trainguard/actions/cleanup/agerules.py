@@ -52,6 +52,10 @@ class Bound(NamedTuple):
     max_bytes: int = NO_LIMIT
     need_bytes: int = NO_LIMIT
 
+    def after(self, files: int, nbytes: int) -> Bound:
+        """What is left of this bound once files of nbytes are unlinked."""
+        return Bound(*(NO_LIMIT if b < 0 else max(0, b - done) for b, done in zip(self, (files, nbytes, nbytes))))
+
 
 class Batch(NamedTuple):
     dirs: list  # (name, ino): subdirectories on the root's filesystem

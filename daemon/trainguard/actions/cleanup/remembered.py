@@ -142,7 +142,7 @@ def _deleted_in(p: Pass, lst: walker.Listing, chunks: list[str], bound: Bound) -
             got.append(batch)
             if any(code == agerules.OVER_BOUND for _n, code, *_rest in batch.issues):
                 return got  # the bound is reached: nothing more goes in this run
-            bound = Bound(*(-1 if b < 0 else b - done for b, done in zip(bound, (batch.files, batch.bytes, 0))))
+            bound = bound.after(batch.files, batch.bytes)
     return got
 
 
