@@ -6,9 +6,9 @@ The walk (walker.scan) goes depth-first, one directory at a time: a count of man
 directories kept one core busy with lstats and, between them, with its own Python work (the
 names, the exclude globs). Here, once a directory's own batches are judged, its subdirectories
 are each opened as the walk opens them (walker.open_child: the inode listed, same filesystem and
-mount), read, checked in place (the hook's "open_dir" and "batch" come as in the walk) and
-filtered by the pass; their judges run on `threads` threads, at most `window` in flight (their
-fds and names). Each result is then taken, in order, as the walk would take it: its counts, issues
+mount), read and checked in place (the hook's "open_dir" and "batch" come as in the walk); the
+pass's judge (its candidates, then the rules) runs on `threads` threads, at most `window` in flight
+(their fds and names). Each result is then taken, in order, as the walk would take it: its counts, issues
 and due entries, between the pass's begin and end of that directory.
 
 A subdirectory with subdirectories of its own, or more names than one read, goes back to the
@@ -22,7 +22,7 @@ import os
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from trainguard.actions.cleanup import agerules, walker
+from trainguard.actions.cleanup import walker
 from trainguard.actions.cleanup.agerules import Bound
 
 if TYPE_CHECKING:
@@ -84,19 +84,19 @@ class Ahead:
             p.problem(walker.WalkProblem.of(lst.prefix + child[0], exc))
             return None
         try:
-            args = self._listed(sub, index, child, back)
+            names = self._listed(sub, index, child, back)
         except BaseException:
             os.close(sub.fd)
             raise
-        if args is None:
+        if names is None:
             os.close(sub.fd)
             return None
-        # threads=1: the threads are across directories
-        return _Job(index, child, sub, self.pool.submit(agerules.judge_batch, *args, threads=1))
+        # the pass's own judge (candidates, then the rules); threads=1: the threads are across directories
+        return _Job(index, child, sub, self.pool.submit(p.judge, sub, names, Bound(), threads=1))
 
-    def _listed(self, sub: walker.Listing, index: int, child: Child, back: list) -> tuple | None:
-        """sub read and checked as the walk does before a batch: its judge's arguments, or None (done, or back)."""
-        p, hook = self.p, self.p.ctx.tools.hook
+    def _listed(self, sub: walker.Listing, index: int, child: Child, back: list) -> list[str] | None:
+        """sub read and checked as the walk does before a batch: its names, or None (done, or back)."""
+        hook = self.p.ctx.tools.hook
         try:
             names = sub.read(self.read_bytes)
             if names and sub.read(self.read_bytes):
@@ -113,9 +113,7 @@ class Ahead:
         if not names:
             self._finish(sub)  # empty: nothing to count, but the pass sees it (begin, end)
             return None
-        names, wanted = p.candidates(sub, names)
-        inodes = p.ctx.tools.open_files.inodes_on(p.rule.dev)
-        return sub.fd, names, wanted, p.rule, inodes, False, Bound(), p.listed
+        return names
 
     def _take(self, job: _Job, back: list) -> None:
         try:
