@@ -291,11 +291,19 @@ def stop_daemon(box: Container, state_dir: Path) -> bool:
 
 
 def not_on_share(local_runs: Path, share_runs: Path) -> list[str]:
-    """Files under the local runs/ whose copy on the share is missing or has other bytes."""
+    """Files under the local runs/ whose copy on the share is missing or has other bytes.
+
+    A copy the mirror is renaming over right now can vanish between the check and the read: the
+    share's name cache still holds the replaced file, as NFS's does (ESTALE there). That copy is
+    not there yet, and the caller asks again."""
     out = []
     for path in sorted(p for p in local_runs.rglob("*") if p.is_file()):
         copy = share_runs / path.relative_to(local_runs)
-        if not copy.is_file() or sha256_of(copy) != sha256_of(path):
+        try:
+            same = copy.is_file() and sha256_of(copy) == sha256_of(path)
+        except FileNotFoundError:
+            same = False
+        if not same:
             out.append(str(path.relative_to(local_runs)))
     return out
 
