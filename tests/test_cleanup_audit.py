@@ -5,8 +5,13 @@ without losing a row or a total."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import textwrap
+import time
+from pathlib import Path
 
+from tests.support.cli import trainguard
 from trainguard.actions.cleanup.audit import AuditLog, read_freed
 
 NOW = 1_800_000_000.0
@@ -69,14 +74,54 @@ def test_a_database_with_a_row_per_file_is_converted_and_loses_nothing(tmp_path)
     assert (scratch.files_24h, scratch.files_total, scratch.bytes_total) == (2, 3, 350)
 
 
-def test_pruning_drops_old_batches_whole(tmp_path):
+def test_each_write_drops_batches_past_the_retention_and_keeps_the_totals(tmp_path):
     conn = _connect(tmp_path)
     clock = [NOW - 100 * 86400]
-    audit = AuditLog(conn, clock=lambda: clock[0])
+    audit = AuditLog(conn, clock=lambda: clock[0], retention=90 * 86400)
     audit.record_files("scratch", "/data", "/data/old", [("a", 1, 0.0), ("b", 1, 0.0)], "age")
-    clock[0] = NOW
-    audit.record_files("scratch", "/data", "/data/new", [("c", 1, 0.0)], "age")
     audit.flush()
-    audit.prune()
-    assert [p for (_t, _p, _m, p, *_rest) in _audit_view(conn)] == ["/data/new/c"]
-    assert conn.execute("SELECT files FROM cleanup_totals").fetchone() == (3,)
+    clock[0] = NOW - 10 * 86400  # 90 days after the first batch, not more: it stays
+    audit.record_files("scratch", "/data", "/data/mid", [("c", 1, 0.0)], "age")
+    audit.flush()
+    assert len(_audit_view(conn)) == 3
+    clock[0] = NOW
+    audit.record_files("scratch", "/data", "/data/new", [("d", 1, 0.0)], "age")
+    audit.flush()
+    assert [p for (_t, _p, _m, p, *_rest) in _audit_view(conn)] == ["/data/mid/c", "/data/new/d"]
+    assert conn.execute("SELECT files FROM cleanup_totals").fetchone() == (4,)
+
+
+def test_a_cleanup_run_from_cron_keeps_the_audit_to_its_configured_retention(tmp_path):
+    """`trainguard cleanup` on its own (no daemon): the log does not grow for good."""
+    state = tmp_path / "state"
+    state.mkdir()
+    old = AuditLog(_connect(state), clock=lambda: time.time() - 40 * 86400)
+    old.record_files("scratch", "/data", str(tmp_path / "scratch"), [("last-month.bin", 10, 0.0)], "age")
+    old.flush()
+    old.conn.close()
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    for n in range(3):
+        path = scratch / f"old{n}.bin"
+        path.write_bytes(b"x" * 100)
+        os.utime(path, (time.time() - 30 * 86400,) * 2)
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(textwrap.dedent(f"""
+        [general]
+        state_dir = "{state}"
+        [history]
+        audit_retention = "30d"
+        [[cleanup]]
+        name = "scratch"
+        type = "age"
+        roots = ["{scratch}"]
+        older_than = "7d"
+        age_by = ["mtime"]
+        grace = "0s"
+    """))
+    done = trainguard("cleanup", "--config", str(cfg))
+    assert done.returncode == 0, done.stderr
+    conn = _connect(state)
+    assert sorted(Path(p).name for (_t, _p, _m, p, *_rest) in _audit_view(conn)) == ["old0.bin", "old1.bin",
+                                                                                    "old2.bin"]
+    assert conn.execute("SELECT files FROM cleanup_totals").fetchone() == (4,)  # last month's one counted still

@@ -15,7 +15,7 @@ import time
 from typing import Callable
 
 from trainguard import guardspool
-from trainguard.actions.cleanup.audit import AuditLog
+from trainguard.actions.cleanup.audit import AUDIT_RETENTION, AuditLog
 from trainguard.actions.cleanup.roots import mount_point_of
 from trainguard.records import Finding, Severity
 from trainguard.units import format_bytes
@@ -64,10 +64,11 @@ class GuardInbox:
     """Drains the spool on the daemon's cycle thread; the audit connection is opened on first use."""
 
     def __init__(self, state_dir: str, connect: Callable[[], sqlite3.Connection], *,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, audit_retention: float = AUDIT_RETENTION):
         self.spool = os.path.join(state_dir, guardspool.GUARD_EVENTS_FILE)
         self.connect = connect
         self.clock = clock
+        self.audit_retention = audit_retention
         self._audit: AuditLog | None = None
 
     def drain(self) -> list[Finding]:
@@ -86,7 +87,7 @@ class GuardInbox:
 
     def _record(self, events: list[guardspool.GuardEvent]) -> None:
         if self._audit is None:
-            self._audit = AuditLog(self.connect(), clock=self.clock)
+            self._audit = AuditLog(self.connect(), clock=self.clock, retention=self.audit_retention)
         for e in events:
             mount = _mount_of(e.path)
             for path, nbytes in e.removed:

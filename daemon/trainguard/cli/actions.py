@@ -43,7 +43,7 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
         except StateDirError as exc:
             print(f"trainguard: {exc}", file=sys.stderr)
             return EXIT_CONFIG
-        audit = AuditLog(db.connect())
+        audit = AuditLog(db.connect(), retention=loaded.config.history.audit_retention)
     runner = CleanupRunner(chosen, audit=audit, proc_root=loaded.config.general.proc_root,
                            mirrors=loaded.config.mirror)
     verb = "would delete" if args.dry_run else "deleted"

@@ -48,6 +48,8 @@ class History(Strict):
     raw_retention: PositiveDuration = 24 * 3600.0  # full-resolution samples
     retention: PositiveDuration = 14 * 86400.0  # 5-minute averages beyond that
     rollup: PositiveDuration = 300.0
+    # Cleanup's audit log (one row per directory a run deleted from); "freed in total" is kept apart.
+    audit_retention: PositiveDuration = 90 * 86400.0
 
 
 class Metrics(Strict):

@@ -72,7 +72,9 @@ class Daemon:
         self.lifecycle = Lifecycle(self.db.connect(), repeat_interval=cfg.alerts.repeat_interval,
                                    keep_firing_for=cfg.alerts.keep_firing_for, writes=self.writes)
         self.heartbeat = Heartbeat(self.db.connect(), os.getpid())
-        self.guard_inbox = GuardInbox(self.state_dir, self.db.connect, clock=self.clock.time)  # trainguard.guard's events
+        # trainguard.guard's events
+        self.guard_inbox = GuardInbox(self.state_dir, self.db.connect, clock=self.clock.time,
+                                      audit_retention=cfg.history.audit_retention)
         self.samplers = Samplers.from_config(cfg, self.clock, nvml=self.nvml, follow_logs=True)
         self.diagnoser = make_diagnoser(cfg, self.clock)
         if self.notifiers is not None:

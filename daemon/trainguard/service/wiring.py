@@ -38,8 +38,8 @@ def start_cleanup(cfg: configmod.Config, connect: Callable[[], sqlite3.Connectio
     # Loaded only when a policy is on: a daemon that never cleans up need not carry the walker and policies.
     from trainguard.actions.cleanup.worker import CleanupWorker, make_runner_factory
 
-    worker = CleanupWorker(make_runner_factory(policies, connect, cfg.general.proc_root, cfg.mirror),
-                           clock=clock.time)
+    worker = CleanupWorker(make_runner_factory(policies, connect, cfg.general.proc_root, cfg.mirror,
+                                               cfg.history.audit_retention), clock=clock.time)
     worker.start()
     return worker
 

@@ -4,8 +4,9 @@ Rows are written in batches inside one transaction per batch, so a run deleting 
 million files does not pay a commit per file. A full batch is written behind, on a
 thread, while the cleanup loop goes on deleting (the compiled age loop releases the GIL
 for a whole batch of names, so SQLite and unlink run on two cores); flush() waits for it,
-and a failed write is raised there. Per-policy totals are kept in their own table, so
-pruning old rows never changes "freed in total".
+and a failed write is raised there. Rows older than the retention (history.audit_retention)
+are dropped by each write. Per-policy totals are kept in their own table, so dropping old rows
+never changes "freed in total".
 
 The files one batch deleted from one directory are one row of cleanup_log: the directory in
 path, their count and bytes, and their names and sizes in `names` (JSON). A row per file
@@ -24,6 +25,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from trainguard.actions.cleanup.report import printable
+
+AUDIT_RETENTION = 90 * 86400.0  # the default of history.audit_retention
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS cleanup_log (
@@ -70,7 +73,7 @@ class Freed:
 class AuditLog:
     """Use one instance per thread (sqlite3 connections are not shared across threads)."""
 
-    def __init__(self, conn: sqlite3.Connection, *, retention: float = 90 * 86400.0,
+    def __init__(self, conn: sqlite3.Connection, *, retention: float = AUDIT_RETENTION,
                  clock: Callable[[], float] = time.time, batch: int = 2000):
         self.conn = conn
         self.retention = retention
@@ -144,6 +147,10 @@ class AuditLog:
         self.conn.execute("BEGIN IMMEDIATE")
         try:
             self.conn.executemany("INSERT INTO cleanup_log VALUES (?, ?, ?, ?, ?, ?, ?, ?)", map(_row, rows))
+            # Rows past the retention go with each write (an index range; nothing to find most
+            # times), so whatever writes the log keeps it bounded: the daemon, a cron'd
+            # `trainguard cleanup`, the in-trainer guard's events.
+            self.conn.execute("DELETE FROM cleanup_log WHERE ts < ?", (now - self.retention,))
             for policy, (files, nbytes) in totals.items():
                 self.conn.execute(
                     "INSERT INTO cleanup_totals (policy, files, bytes, last_run) VALUES (?, ?, ?, ?) "
@@ -155,12 +162,6 @@ class AuditLog:
             self.conn.execute("ROLLBACK")
             raise
         self.conn.execute("COMMIT")
-
-    def prune(self) -> None:
-        self._wait()
-        self.conn.execute("DELETE FROM cleanup_log WHERE ts < ?", (self.clock() - self.retention,))
-        if self.conn.in_transaction:
-            self.conn.commit()
 
     def freed(self, *, window: float = 86400.0) -> list[Freed]:
         """Freed files/bytes per policy: in the last `window` seconds and in total."""
