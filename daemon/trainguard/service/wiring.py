@@ -39,7 +39,7 @@ def start_cleanup(cfg: configmod.Config, connect: Callable[[], sqlite3.Connectio
     from trainguard.actions.cleanup.worker import CleanupWorker, make_runner_factory
 
     worker = CleanupWorker(make_runner_factory(policies, connect, cfg.general.proc_root, cfg.mirror,
-                                               cfg.history.audit_retention), clock=clock.time)
+                                               audit_retention=cfg.history.audit_retention), clock=clock.time)
     worker.start()
     return worker
 

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from trainguard.actions.cleanup.report import printable
+from trainguard.config import History
 
-AUDIT_RETENTION = 90 * 86400.0  # the default of history.audit_retention
+AUDIT_RETENTION: float = History.model_fields["audit_retention"].default  # the config's, for callers without one
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS cleanup_log (

@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Callable, Sequence
 
-from trainguard.actions.cleanup.audit import AUDIT_RETENTION, AuditLog
+from trainguard.actions.cleanup.audit import AuditLog
 from trainguard.actions.cleanup.runner import (
     CleanupReport,
     CleanupRunner,
@@ -148,7 +148,7 @@ class CleanupWorker:
 
 
 def make_runner_factory(policies: Sequence[Policy], connect: Callable[[], object], proc_root: str = "/proc",
-                        mirrors: Sequence[Mirror] = (), audit_retention: float = AUDIT_RETENTION):
+                        mirrors: Sequence[Mirror] = (), *, audit_retention: float):
     """A make_runner for CleanupWorker: audit connection opened on the worker thread.
     mirrors: the config's [[mirror]] list, for only_if_mirrored."""
 
