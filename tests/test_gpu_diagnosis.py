@@ -157,16 +157,6 @@ def test_syscall_parsing_x86_64(text, expected):
     assert procs.parse_syscall(text, "x86_64") == expected
 
 
-@pytest.mark.parametrize("cgroup,expected", [
-    ("0::/system.slice/docker-" + "a" * 64 + ".scope\n", "a" * 64),
-    ("12:memory:/kubepods/burstable/pod1/" + "b" * 64 + "\n", "b" * 64),
-    ("0::/kubepods.slice/cri-containerd-" + "c" * 64 + ".scope\n", "c" * 64),
-    ("0::/user.slice/user-0.slice/session-1.scope\n", None),
-])
-def test_container_id_from_cgroup(cgroup, expected):
-    assert procs.container_id(cgroup) == expected
-
-
 @pytest.mark.parametrize("state,wchan,blocked", [
     ("D", "", True), ("S", "request_wait_answer", True), ("S", "rpc_wait_bit_killable", True),
     ("D", "nfs_wait_on_request", True), ("S", "do_epoll_wait", False), ("S", "futex_wait_queue", False),

@@ -53,10 +53,10 @@ SLURM_V1 = """12:pids:/
 @pytest.mark.parametrize("text,expected", [
     (DOCKER_V1, CgroupFacts("docker", CID)),
     (DOCKER_V2, CgroupFacts("docker", CID)),
-    (CONTAINERD_POD_V2, CgroupFacts("containerd", CID, POD_UID)),
-    (GUARANTEED_POD_V2, CgroupFacts("containerd", CID, POD_UID)),
-    (CRIO_POD_V1, CgroupFacts("cri-o", CID, POD_UID)),
-    (CGROUPFS_POD_V1, CgroupFacts(None, CID, POD_UID)),  # the cgroupfs driver does not name the runtime
+    (CONTAINERD_POD_V2, CgroupFacts("containerd", CID, POD_UID, pod_env=True)),
+    (GUARANTEED_POD_V2, CgroupFacts("containerd", CID, POD_UID, pod_env=True)),
+    (CRIO_POD_V1, CgroupFacts("cri-o", CID, POD_UID, pod_env=True)),
+    (CGROUPFS_POD_V1, CgroupFacts(None, CID, POD_UID, pod_env=True)),  # cgroupfs driver: runtime not named
     (PODMAN_ROOTLESS_V2, CgroupFacts("podman", CID)),
     (f"0::/machine.slice/libpod-{CID}.scope/container\n", CgroupFacts("podman", CID)),
     (PODMAN_CGROUPFS_V1, CgroupFacts("podman", CID)),
@@ -68,8 +68,61 @@ SLURM_V1 = """12:pids:/
     (f"0::/trainguard-test-12/system.slice/docker-{CID}.scope\n", CgroupFacts("docker", CID)),
     ("0::/../../system.slice/slurmstepd.scope/job_4242/step_0/user/task_0\n", CgroupFacts(slurm_job="4242",
                                                                                           slurm_step="0")),
+    # A pod with a QoS slice under another parent than its name says is no pod; its container still is one.
+    (f"0::/kubepods.slice/kubepods-besteffort.slice/kubepods-burstable-pod{POD_SLICE_UID}.slice/"
+     f"cri-containerd-{CID}.scope\n", CgroupFacts("containerd", CID)),
 ])
 def test_known_layouts(text, expected):
+    assert parse_cgroup(text) == expected
+
+
+IN_POD = CgroupFacts("containerd", CID, POD_UID, pod_env=True)
+
+
+@pytest.mark.parametrize("text,expected", [
+    # What a DaemonSet pod (its own cgroup namespace, rooted at its container) sees of other pods, systemd
+    # driver: a pod of its QoS class, of another class, guaranteed (no QoS slice) from burstable and alike.
+    (f"0::/../../kubepods-burstable-pod{POD_SLICE_UID}.slice/cri-containerd-{CID}.scope\n", IN_POD),
+    (f"0::/../../../kubepods-besteffort.slice/kubepods-besteffort-pod{POD_SLICE_UID}.slice/"
+     f"cri-containerd-{CID}.scope\n", IN_POD),
+    (f"0::/../../../kubepods-pod{POD_SLICE_UID}.slice/cri-containerd-{CID}.scope\n", IN_POD),
+    (f"0::/../../kubepods-pod{POD_SLICE_UID}.slice/cri-containerd-{CID}.scope\n", IN_POD),
+    (f"0::/../../../../kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{POD_SLICE_UID}.slice/"
+     f"crio-{CID}.scope\n", CgroupFacts("cri-o", CID, POD_UID, pod_env=True)),
+    # The cgroupfs driver: the same three, as directories.
+    (f"0::/../../pod{POD_UID}/{CID}\n", CgroupFacts(None, CID, POD_UID, pod_env=True)),
+    (f"0::/../../../besteffort/pod{POD_UID}/{CID}\n", CgroupFacts(None, CID, POD_UID, pod_env=True)),
+    (f"11:memory:/../../../pod{POD_UID}/{CID}\n", CgroupFacts(None, CID, POD_UID, pod_env=True)),
+    # A sibling container of the reader's own pod: the pod slice was climbed over, so no pod is named.
+    (f"0::/../cri-containerd-{CID}.scope\n", CgroupFacts("containerd", CID)),
+    # The container's own sub-cgroups (systemd inside it, crun's "container") are still its environment.
+    (f"0::/../../kubepods-burstable-pod{POD_SLICE_UID}.slice/cri-containerd-{CID}.scope/init.scope\n", IN_POD),
+])
+def test_relative_paths_from_a_cgroup_namespace(text, expected):
+    assert parse_cgroup(text) == expected
+
+
+NODE = "0b5e55ed" * 8  # the outer container: a kind node, a Docker-in-Docker host
+KIND_POD = ("kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/"
+            f"kubelet-kubepods-besteffort-pod{POD_SLICE_UID}.slice/cri-containerd-{CID}.scope")
+
+
+@pytest.mark.parametrize("text,expected", [
+    (f"0::/system.slice/docker-{NODE}.scope/{KIND_POD}\n", IN_POD),  # kind, the kubelet's cgroup root /kubelet
+    (f"0::/docker/{NODE}/{KIND_POD}\n", IN_POD),
+    (f"0::/../../../kubelet-kubepods-besteffort.slice/kubelet-kubepods-besteffort-pod{POD_SLICE_UID}.slice/"
+     f"cri-containerd-{CID}.scope\n", IN_POD),  # from another pod of the kind node
+    (f"0::/system.slice/docker-{NODE}.scope/docker/{CID}\n", CgroupFacts("docker", CID)),  # Docker-in-Docker
+    (f"0::/system.slice/docker-{NODE}.scope/system.slice/docker-{CID}.scope\n", CgroupFacts("docker", CID)),
+    (f"1:name=systemd:/docker/{NODE}/docker/{CID}\n", CgroupFacts("docker", CID)),
+    # Docker inside a pod's container: the pod is certain, its downward API variables are not this
+    # process's (the inner runtime set its environment); the same for a Slurm job run inside a pod.
+    (f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{POD_SLICE_UID}.slice/"
+     f"cri-containerd-{NODE}.scope/docker/{CID}\n", CgroupFacts("docker", CID, POD_UID)),
+    (f"0::/../../kubepods-burstable-pod{POD_SLICE_UID}.slice/cri-containerd-{CID}.scope/system.slice/"
+     "slurmstepd.scope/job_4242/step_0/user/task_0\n", CgroupFacts("containerd", CID, POD_UID, "4242", "0")),
+])
+def test_nested_runtimes_name_the_innermost_container(text, expected):
     assert parse_cgroup(text) == expected
 
 
@@ -93,6 +146,14 @@ def test_known_layouts(text, expected):
     "0::/system.slice/slurmd.service\n",
     "11:memory:/slurm/uid_1000\n",
     "11:memory:/slurm/job_4242/step_0\n",  # v1 layout without its uid_ level
+    f"0::/system.slice/mydocker-{CID}.scope\n",  # an id inside another name
+    f"0::/system.slice/docker-{CID}.scope.d\n",
+    f"12:memory:/kubepods/burstable/pod1/{CID}\n",  # "pod1" is no pod uid: the id under it is no container
+    f"0::/../{CID}\n",  # a bare id whose parent was climbed over: docker's? a pod's? something else's
+    f"0::/../mypods/pod{POD_UID}/{CID}\n",
+    f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{POD_UID}.slice\n",  # "-": not kubelet's
+    f"0::/kubepods.slice/kubepods-besteffort.slice/kubepods-burstable-pod{POD_SLICE_UID}.slice\n",
+    f"0::/system.slice/../docker-{CID}.scope\n",  # no kernel writes ".." inside a path
     "garbage\nno colons here\n12:memory\n",
     "",
 ])
@@ -109,6 +170,17 @@ def test_uid_is_the_real_one():
 def test_environ_keeps_only_the_named_keys():
     data = b"HOME=/root\0AWS_SECRET_ACCESS_KEY=abc/def\0SLURM_JOB_ID=4242\0SLURM_JOB_ACCOUNT=nlp\0WANDB_API_KEY=k\0"
     assert parse_environ(data) == {"SLURM_JOB_ID": "4242", "SLURM_JOB_ACCOUNT": "nlp"}
+
+
+@pytest.mark.parametrize("data,expected", [
+    (b"SLURM_JOB_ACCOUNT=nlp\0SLURM_JOB_ID=4242", {"SLURM_JOB_ACCOUNT": "nlp"}),  # "4242917" cut by the limit
+    (b"POD_NAMESPACE=ml\0POD_NAME=train-7f", {"POD_NAMESPACE": "ml"}),  # "train-7f-5d9c8"
+    (b"POD_NAME=train-7f-5d9c8\0SLURM_JOB_", {"POD_NAME": "train-7f-5d9c8"}),  # the cut fell in the next key
+    (b"POD_NAME=tr\xc3", {}),  # inside a character
+    (b"POD_NAME=train-7f-5d9c8\0", {"POD_NAME": "train-7f-5d9c8"}),  # the limit fell on an entry's end
+])
+def test_an_entry_the_read_limit_cut_is_dropped(data, expected):
+    assert parse_environ(data) == expected
 
 
 def _passwd(uid: int) -> pwd.struct_passwd:
@@ -129,6 +201,18 @@ def test_pod_name_from_downward_api_only_inside_a_pod():
     # Values that are no Kubernetes names are dropped, not passed on to labels and titles.
     bad = owner_of(CONTAINERD_POD_V2, STATUS_1000, {"POD_NAMESPACE": "ML Team", "POD_NAME": "x;rm"}, _passwd)
     assert bad.namespace is None and bad.pod is None and bad.pod_uid == POD_UID
+
+
+def test_pod_variables_that_contradict_the_cgroup_are_not_used():
+    env = {"POD_NAMESPACE": "ml", "POD_NAME": "train-7f", "POD_UID": POD_UID}
+    assert owner_of(CONTAINERD_POD_V2, STATUS_1000, env, _passwd).pod == "train-7f"  # the uid agrees
+    other_pod = {**env, "POD_UID": "0badc0de-5b1d-4c2e-9f3a-1b2c3d4e5f60"}
+    got = owner_of(CONTAINERD_POD_V2, STATUS_1000, other_pod, _passwd)
+    assert (got.pod_uid, got.namespace, got.pod) == (POD_UID, None, None)
+    # Docker inside the pod's container: the inner runtime made this environment, not the kubelet.
+    dind = (f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{POD_SLICE_UID}.slice/"
+            f"cri-containerd-{'0b5e55ed' * 8}.scope/docker/{CID}\n")
+    assert owner_of(dind, STATUS_1000, env, _passwd) == Owner("docker", CID, POD_UID, user="alice", uid=1000)
 
 
 def test_slurm_job_account_and_user():

@@ -19,6 +19,7 @@ import sys
 import textwrap
 
 import pytest
+from trainguard.diagnosis.render import render
 from trainguard.diagnosis.stall import StallDiagnoser
 from trainguard.i18n import tr
 from trainguard.notify.texts import texts_for
@@ -38,6 +39,7 @@ LAYOUTS = {
     "slurm": "system.slice/slurmstepd.scope/job_4242/step_0/user/task_0",
     "unknown": "system.slice/docker.service",  # dockerd's own unit: no container
     "near_miss": f"system.slice/crio-conmon-{CID_POD}.scope",  # CRI-O's monitor, not the container
+    "lookalike": f"system.slice/mydocker-{CID_DOCKER}.scope",  # an id inside a name that is no runtime's
 }
 ENVS = {
     "docker": {"POD_NAMESPACE": "ml", "POD_NAME": "not-a-pod"},  # no pod without the kubepods path
@@ -45,6 +47,7 @@ ENVS = {
     "slurm": {"SLURM_JOB_ID": "4242", "SLURM_JOB_ACCOUNT": "nlp", "SLURM_JOB_USER": "alice"},
     "unknown": {},
     "near_miss": {},
+    "lookalike": {},
 }
 SLEEPER = [shutil.which("sleep") or "/bin/sleep", "600"]  # runnable by any user (the interpreter may not be)
 
@@ -111,6 +114,11 @@ def test_diagnosis_names_container_pod_job_and_user(placed):
     # Unknown layouts give nothing but the user: no container, pod or job is guessed.
     assert owners[children["unknown"].pid] == {"user": user, "uid": uid}
     assert owners[children["near_miss"].pid] == {"user": user, "uid": uid}
+    assert owners[children["lookalike"].pid] == {"user": user, "uid": uid}
+    # One rule for one fact: the process line's container is the owner's, on every process.
+    assert all(v.container_id == v.owner.get("container_id") for v in d.processes)
+    lookalike_line = next(line for line in render(d).splitlines() if f"PID {children['lookalike'].pid}" in line)
+    assert "container" not in lookalike_line
     assert d.to_dict()["processes"][1]["owner"]["pod"] == "train-7f"  # diagnose --json
 
 

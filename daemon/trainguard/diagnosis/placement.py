@@ -61,7 +61,7 @@ def risky_files(proc_root: str, pid: int, probes: Sequence[FsSample], now: float
     mounts = mount_table(proc_root, pid, tables)
     if all(m.kind is MountKind.LOCAL for m in mounts):
         return "", [], {}  # gone, or nothing but local disks in its view
-    info = procs.ProcessInfo(pid=pid, name="", state="?", cmdline=(), container_id=None, threads=(), io=None,
+    info = procs.ProcessInfo(pid=pid, name="", state="?", cmdline=(), threads=(), io=None,
                              fds=procs.read_fds(proc_root, pid), mounts=mounts)
     files = [f for f in remote_files(info, probes, now, remote_fd_flags(proc_root, info))
              if f.writing and f.category in RISKY_CATEGORIES]

@@ -11,18 +11,24 @@ three places, all procfs, none of them touching a filesystem the process uses:
       CRI-O        .../crio-<64 hex>.scope
       podman       .../libpod-<64 hex>.scope                    /libpod_parent/libpod-<64 hex>
       pod          /kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid>.slice/...
+                   /kubepods.slice/kubepods-pod<uid>.slice/...  (guaranteed QoS: no QoS slice)
                    /kubepods/besteffort/pod<uid>/<64 hex>       (uid in the path: namespace/name from env)
       Slurm (v2)   /system.slice/slurmstepd.scope/job_<id>/step_<n>/...
       Slurm (v1)   /slurm/uid_<u>/job_<id>/step_<n>/...
 
-  Path components are matched wherever they sit, so a reader whose cgroup namespace is not the
-  host's (paths then start below its own root, or climb out with "/..") still recognises them.
-  Anything else (dockerd's own docker.service, crio-conmon-<id>.scope, a login session) gives nothing:
+  Path components are matched wherever they sit: a reader in its own cgroup namespace (a DaemonSet
+  pod) sees paths relative to its root, climbing out with "/.." (another pod of its QoS class:
+  /../../kubepods-burstable-pod<uid>.slice/cri-containerd-<id>.scope). A parent that is shown must
+  be the one the layout requires; one that was climbed over cannot contradict. Runtimes nest (kind,
+  Docker-in-Docker): the innermost container is the process's. Anything else (dockerd's own
+  docker.service, crio-conmon-<id>.scope, a login session, an id inside another name) gives nothing:
   never a guess.
 - /proc/PID/status: the real Uid, named through the passwd database trainguard sees (else the number).
 - /proc/PID/environ: only the named keys below are kept (the environment can hold secrets; it is
-  never logged), read at most ENVIRON_LIMIT bytes. A pod's namespace and name come from the
-  downward API variables only when the cgroup path says the process is in a pod.
+  never logged), read at most ENVIRON_LIMIT bytes; an entry that limit cut is dropped. A pod's
+  namespace and name come from the downward API variables only when the cgroup path says the process
+  is in that pod's own container, and not when POD_UID names another pod. Slurm's account and user
+  only when SLURM_JOB_ID is the cgroup's job.
 """
 
 from __future__ import annotations
@@ -37,7 +43,8 @@ SLURM_KEYS = ("SLURM_JOB_ID", "SLURM_JOB_ACCOUNT", "SLURM_JOB_USER", "SLURM_STEP
 # Downward API variables (fieldRef metadata.namespace / metadata.name), as the Kubernetes docs spell them.
 POD_NAMESPACE_KEYS = ("POD_NAMESPACE", "MY_POD_NAMESPACE", "K8S_POD_NAMESPACE")
 POD_NAME_KEYS = ("POD_NAME", "MY_POD_NAME", "K8S_POD_NAME")
-ENV_KEYS = SLURM_KEYS + POD_NAMESPACE_KEYS + POD_NAME_KEYS
+POD_UID_KEYS = ("POD_UID", "MY_POD_UID", "K8S_POD_UID")  # fieldRef metadata.uid: checked against the cgroup's
+ENV_KEYS = SLURM_KEYS + POD_NAMESPACE_KEYS + POD_NAME_KEYS + POD_UID_KEYS
 
 _HEX64 = r"[0-9a-f]{64}"
 _SCOPES = (  # one cgroup path component -> runtime
@@ -48,10 +55,13 @@ _SCOPES = (  # one cgroup path component -> runtime
 )
 _BARE_ID = re.compile(_HEX64)
 _LIBPOD_CGROUPFS = re.compile(rf"libpod-({_HEX64})")
-_UID = r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}"
-_POD_SLICE = re.compile(rf"kubepods(?:-(?:burstable|besteffort))?-pod({_UID})\.slice")
+_UID_GROUPS = [f"[0-9a-f]{{{n}}}" for n in (8, 4, 4, 4, 12)]
+_UID = "-".join(_UID_GROUPS)
+_UID_ESCAPED = "_".join(_UID_GROUPS)  # in a slice name "-" means a level, so the kubelet writes "_"
+# "<parent>-pod<uid>.slice" under "<parent>.slice": systemd's naming, with the kubelet's optional
+# cgroup root in front (kind: kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/...).
+_POD_SLICE = re.compile(rf"((?:[A-Za-z0-9_.:]+-)*kubepods(?:-burstable|-besteffort)?)-pod({_UID_ESCAPED})\.slice")
 _POD_DIR = re.compile(rf"pod({_UID})")
-_QOS_SLICES = {"kubepods.slice", "kubepods-burstable.slice", "kubepods-besteffort.slice"}
 _STEPD = re.compile(r"(?:[A-Za-z0-9.-]+_)?slurmstepd\.scope")  # "<node>_slurmstepd.scope": multiple slurmd
 _SLURM_V1 = re.compile(r"slurm(?:_[A-Za-z0-9.-]+)?")
 _JOB = re.compile(r"job_(\d{1,12})")
@@ -89,62 +99,79 @@ class CgroupFacts:
     pod_uid: str | None = None
     slurm_job: str | None = None
     slurm_step: str | None = None
+    # The process sits in the pod's own container, not in a runtime or a Slurm job nested inside it: only
+    # then is its environment the one the kubelet gave the pod, and POD_* may name it.
+    pod_env: bool = False
 
 
-def _components(path: str) -> list[str]:
-    return [c for c in path.split("/") if c and c != ".."]
+def _split(path: str) -> tuple[list[str], bool]:
+    """(components, whether the first one's parent is hidden): a reader in a cgroup namespace sees paths
+    relative to its own root, climbing out of it with leading "/.."; what they climbed over is not shown."""
+    parts = [c for c in path.split("/") if c]
+    climbed = 0
+    while climbed < len(parts) and parts[climbed] == "..":
+        climbed += 1
+    parts = parts[climbed:]
+    if "." in parts or ".." in parts:
+        return [], False  # no kernel writes this
+    return parts, climbed > 0
 
 
-def _container(parts: list[str]) -> tuple[str | None, str] | None:
-    """(runtime or None, id) from one path's components."""
+def _parent_is(parts: list[str], i: int, hidden: bool, names: tuple[str, ...]) -> bool:
+    """parts[i]'s parent is one of names, or it is not shown (so it cannot contradict)."""
+    return parts[i - 1] in names if i > 0 else hidden
+
+
+def _pod(parts: list[str], hidden: bool) -> tuple[int, str] | None:
+    """(index, uid) of the pod's cgroup: a systemd pod slice under the slice its name says, or a cgroupfs
+    pod<uid> under /kubepods[/burstable|/besteffort]; a parent that is shown must be the right one."""
+    found = None
     for i, part in enumerate(parts):
+        if match := _POD_SLICE.fullmatch(part):
+            if _parent_is(parts, i, hidden, (f"{match.group(1)}.slice",)):
+                found = i, match.group(2).replace("_", "-")
+        elif (match := _POD_DIR.fullmatch(part)) and (
+                _parent_is(parts, i, hidden, ("kubepods",))
+                or (i >= 1 and parts[i - 1] in ("burstable", "besteffort")
+                    and _parent_is(parts, i - 1, hidden, ("kubepods",)))):
+            found = i, match.group(1)
+    return found
+
+
+def _container(parts: list[str], pod_at: int | None) -> tuple[int, str | None, str] | None:
+    """(index, runtime or None, id) of the innermost container: kind and Docker-in-Docker nest one
+    runtime's scope inside another's, and the process belongs to the inner one."""
+    found = None
+    for i, part in enumerate(parts):
+        parent = parts[i - 1] if i else None
         for pattern, runtime in _SCOPES:
-            match = pattern.fullmatch(part)
-            if match:
-                return runtime, match.group(1)
-        if part == "docker" and i + 1 < len(parts) and _BARE_ID.fullmatch(parts[i + 1]):
-            return "docker", parts[i + 1]
-        if part == "libpod_parent" and i + 1 < len(parts) and (m := _LIBPOD_CGROUPFS.fullmatch(parts[i + 1])):
-            return "podman", m.group(1)
-        # cgroupfs driver: /kubepods/<qos>/pod<uid>/<id>; the runtime is not in the path.
-        if _POD_DIR.fullmatch(part) and _under_kubepods(parts, i) and i + 1 < len(parts) \
-                and _BARE_ID.fullmatch(parts[i + 1]):
-            return None, parts[i + 1]
-    return None
+            if match := pattern.fullmatch(part):
+                found = i, runtime, match.group(1)
+                break
+        else:
+            if parent == "docker" and _BARE_ID.fullmatch(part):
+                found = i, "docker", part
+            elif parent == "libpod_parent" and (match := _LIBPOD_CGROUPFS.fullmatch(part)):
+                found = i, "podman", match.group(1)
+            elif pod_at == i - 1 and _POD_DIR.fullmatch(parent or "") and _BARE_ID.fullmatch(part):
+                found = i, None, part  # cgroupfs driver: /kubepods/<qos>/pod<uid>/<id>, runtime not named
+    return found
 
 
-def _under_kubepods(parts: list[str], i: int) -> bool:
-    """parts[i] (pod<uid>) sits right under /kubepods or /kubepods/<burstable|besteffort>."""
-    if i >= 1 and parts[i - 1] == "kubepods":
-        return True
-    return i >= 2 and parts[i - 2] == "kubepods" and parts[i - 1] in ("burstable", "besteffort")
-
-
-def _pod_uid(parts: list[str]) -> str | None:
-    for i, part in enumerate(parts):
-        match = _POD_SLICE.fullmatch(part)
-        if match and i >= 1 and parts[i - 1] in _QOS_SLICES:
-            return match.group(1).replace("_", "-")
-        match = _POD_DIR.fullmatch(part)
-        if match and "_" not in match.group(1) and _under_kubepods(parts, i):
-            return match.group(1)
-    return None
-
-
-def _slurm(parts: list[str]) -> tuple[str, str | None] | None:
-    """(job id, step or None) from .../slurmstepd.scope/job_N[/step_S] or /slurm/uid_U/job_N[/step_S]."""
+def _slurm(parts: list[str]) -> tuple[int, str, str | None] | None:
+    """(index, job id, step or None) from .../slurmstepd.scope/job_N[/step_S] or /slurm/uid_U/job_N[/step_S]."""
     for i, part in enumerate(parts):
         if _STEPD.fullmatch(part):
-            rest = parts[i + 1:]
+            at = i + 1
         elif _SLURM_V1.fullmatch(part) and i + 1 < len(parts) and re.fullmatch(r"uid_\d+", parts[i + 1]):
-            rest = parts[i + 2:]
+            at = i + 2
         else:
             continue
-        job = _JOB.fullmatch(rest[0]) if rest else None
+        job = _JOB.fullmatch(parts[at]) if at < len(parts) else None
         if job is None:
             return None
-        step = _STEP.fullmatch(rest[1]) if len(rest) > 1 else None
-        return job.group(1), step.group(1) if step else None
+        step = _STEP.fullmatch(parts[at + 1]) if at + 1 < len(parts) else None
+        return at, job.group(1), step.group(1) if step else None
     return None
 
 
@@ -160,18 +187,26 @@ def _paths(cgroup_text: str) -> list[str]:
     return unified + legacy
 
 
+def _path_facts(path: str) -> CgroupFacts | None:
+    parts, hidden = _split(path)
+    pod = _pod(parts, hidden)
+    container = _container(parts, pod[0] if pod else None)
+    slurm = _slurm(parts)
+    if not (pod or container or slurm):
+        return None
+    pod_env = (pod is not None and container is not None and container[0] == pod[0] + 1
+               and (slurm is None or slurm[0] < container[0]))
+    return CgroupFacts(container[1] if container else None, container[2] if container else None,
+                       pod[1] if pod else None, slurm[1] if slurm else None, slurm[2] if slurm else None, pod_env)
+
+
 def parse_cgroup(cgroup_text: str) -> CgroupFacts:
-    """Container, pod uid and Slurm job of /proc/PID/cgroup text (v1 or v2); unknown layouts give nothing."""
-    container: tuple[str | None, str] | None = None
-    pod_uid: str | None = None
-    slurm: tuple[str, str | None] | None = None
+    """Container, pod uid and Slurm job of /proc/PID/cgroup text (v1 or v2), all from the first path
+    that names any (v2 first), so facts of two hierarchies are never mixed; unknown layouts give nothing."""
     for path in _paths(cgroup_text):
-        parts = _components(path)
-        container = container or _container(parts)
-        pod_uid = pod_uid or _pod_uid(parts)
-        slurm = slurm or _slurm(parts)
-    return CgroupFacts(container[0] if container else None, container[1] if container else None, pod_uid,
-                       slurm[0] if slurm else None, slurm[1] if slurm else None)
+        if facts := _path_facts(path):
+            return facts
+    return CgroupFacts()
 
 
 def parse_uid(status_text: str) -> int | None:
@@ -184,11 +219,14 @@ def parse_uid(status_text: str) -> int | None:
 
 
 def parse_environ(data: bytes | str, keys: Iterable[str] = ENV_KEYS) -> dict[str, str]:
-    """Only the named keys of /proc/PID/environ text; everything else is dropped unread."""
+    """Only the named keys of /proc/PID/environ text; everything else is dropped unread.
+
+    The kernel ends every entry with a NUL: what follows the last one is an entry that the read limit
+    cut, and a cut value names someone else (pod "train-7f-5d9c8" read as "train-7f"), so it is dropped."""
     text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
     wanted = set(keys)
     found: dict[str, str] = {}
-    for entry in text.split("\0"):
+    for entry in text.split("\0")[:-1]:
         key, sep, value = entry.partition("=")
         if sep and key in wanted:
             found[key] = value
@@ -213,10 +251,16 @@ def user_name(uid: int, lookup: Callable[[int], "pwd.struct_passwd"] = pwd.getpw
 def owner_of(cgroup_text: str, status_text: str, env: Mapping[str, str],
              lookup: Callable[[int], "pwd.struct_passwd"] = pwd.getpwuid) -> Owner:
     """The owner facts from the three texts (env: parse_environ's named keys)."""
-    cg = parse_cgroup(cgroup_text)
-    uid = parse_uid(status_text)
+    return _owner(parse_cgroup(cgroup_text), parse_uid(status_text), env, lookup)
+
+
+def _owner(cg: CgroupFacts, uid: int | None, env: Mapping[str, str],
+           lookup: Callable[[int], "pwd.struct_passwd"]) -> Owner:
+    """The cgroup names the owner; the environment only adds names to it and is dropped where it
+    says otherwise (another pod's uid, another Slurm job)."""
     namespace = pod = None
-    if cg.pod_uid is not None:  # only then do POD_* variables mean a pod
+    env_uid = next((env[k].strip() for k in POD_UID_KEYS if env.get(k, "").strip()), None)
+    if cg.pod_env and env_uid in (None, cg.pod_uid):
         namespace = _first(env, POD_NAMESPACE_KEYS, _DNS_LABEL)
         pod = _first(env, POD_NAME_KEYS, _DNS_NAME)
     job, step = cg.slurm_job, cg.slurm_step
@@ -244,12 +288,14 @@ def read_owner(proc_root: str, pid: int, cgroup_text: str | None = None, status_
         cgroup_text = (_read(f"{proc_root}/{pid}/cgroup", 64 * 1024) or b"").decode("utf-8", "replace")
     if status_text is None:
         status_text = (_read(f"{proc_root}/{pid}/status", 64 * 1024) or b"").decode("utf-8", "replace")
-    return owner_of(cgroup_text, status_text, _environ(proc_root, pid, parse_cgroup(cgroup_text)))
+    cg = parse_cgroup(cgroup_text)
+    return _owner(cg, parse_uid(status_text), _environ(proc_root, pid, cg), pwd.getpwuid)
 
 
 def _environ(proc_root: str, pid: int, cg: CgroupFacts) -> dict[str, str]:
-    """The named keys, read only when they can add something: in a pod, in a Slurm job, or outside any
-    container (a Slurm node without its cgroup plugin); a plain container's environment is left alone."""
-    if cg.pod_uid is None and cg.slurm_job is None and cg.container_id is not None:
+    """The named keys, read only when they can add something: in a pod's own container, in a Slurm job,
+    or outside any container (a Slurm node without its cgroup plugin); a plain container's environment,
+    or one nested inside a pod, is left alone."""
+    if not cg.pod_env and cg.slurm_job is None and (cg.container_id or cg.pod_uid):
         return {}
     return parse_environ(_read(f"{proc_root}/{pid}/environ", ENVIRON_LIMIT) or b"")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import platform
-import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -45,9 +44,6 @@ _PATH_SYSCALLS = {
                 34: "mkdirat", 45: "truncate", 48: "faccessat"},
 }
 
-_CONTAINER_ID = re.compile(
-    r"(?:docker[-/]|cri-containerd[-:]|crio[-:]|libpod[-:]|containerd[-:]|/)([0-9a-f]{64})(?:\.scope)?(?:/|$)"
-)
 PROC_PID_INIT_INO = 0xEFFFFFFC  # inode of the initial PID namespace, fixed in the kernel
 
 
@@ -85,12 +81,16 @@ class ProcessInfo:
     name: str
     state: str
     cmdline: tuple[str, ...]
-    container_id: str | None
     threads: tuple[ThreadInfo, ...]
     io: IoCounters | None
     fds: tuple[OpenFd, ...]
     mounts: tuple[Mount, ...]  # the process's own mount namespace view
     owner: Owner = Owner()  # container, pod, Slurm job, user (sources.owner)
+
+    @property
+    def container_id(self) -> str | None:
+        """The container, by sources.owner's one rule (what the owner line says too)."""
+        return self.owner.container_id
 
 
 def is_blocked(state: str, wchan: str) -> bool:
@@ -158,16 +158,6 @@ def parse_io(text: str) -> IoCounters | None:
         return IoCounters(values["rchar"], values["wchar"], values["read_bytes"], values["write_bytes"])
     except KeyError:
         return None
-
-
-def container_id(cgroup_text: str) -> str | None:
-    """The 64-hex container id from /proc/PID/cgroup (docker, containerd, CRI-O, podman), else None."""
-    for line in cgroup_text.splitlines():
-        path = line.split(":", 2)[-1]
-        match = _CONTAINER_ID.search(path)
-        if match:
-            return match.group(1)
-    return None
 
 
 def parse_syscall(text: str, machine: str | None = None) -> tuple[str, int | None]:
@@ -310,7 +300,6 @@ def inspect_process(proc_root: str, pid: int, machine: str | None = None) -> Pro
         name=status.get("Name", ""),
         state=(status.get("State", "?") or "?")[:1],
         cmdline=read_cmdline(proc_root, pid),
-        container_id=container_id(cgroup_text),
         threads=read_threads(proc_root, pid, machine),
         io=read_io(proc_root, pid),
         fds=read_fds(proc_root, pid),
