@@ -16,8 +16,11 @@ from trainguard.records import AlertEvent, AlertStatus, Finding, Severity, Snaps
 from trainguard.store.state import StateDb
 
 from tests.gpu_support import FakeClock, GiB
+from tests.support.cgroups import CgroupTree, cgroup2_root, cgroup_reason
+from tests.support.environ import cut_inside
 from tests.support.http_receiver import HttpReceiver
 from tests.test_gpu_diagnosis import _gpu_holding
+from tests.test_owner_cgroups import _gpu_holding as _gpu_holding_all
 
 HOST = "gpu-07"
 ALICE = {"runtime": "containerd", "container_id": "c0ffee00" * 8, "namespace": "ml", "pod": "train-7f",
@@ -99,6 +102,47 @@ def test_a_real_process_is_routed_by_its_own_slurm_environment_and_never_signall
     finally:
         child.stdin.close()
         assert child.wait(timeout=10) == 0  # it ended on its own when its input closed, not by a signal
+
+
+def test_a_cut_environment_routes_to_no_one_it_does_not_name(tmp_path):
+    """A pod train-7f-5d9c8 and Slurm job 4242917 whose environment the read limit cuts inside the name:
+    the stall reaches neither the route of pod train-7f nor that of job 4242 (someone else's), only what
+    is certain: the namespace from the cgroup-confirmed pod, and the default targets."""
+    if reason := cgroup_reason(2):
+        pytest.skip(reason)
+    tree = CgroupTree(cgroup2_root())
+    pod_uid = "3c5e9f7a-5b1d-4c2e-9f3a-1b2c3d4e5f60"
+    placements = {  # cgroup -> environment
+        ("kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod3c5e9f7a_5b1d_4c2e_9f3a_1b2c3d4e5f60"
+         f".slice/cri-containerd-{'c0ffee00' * 8}.scope"): cut_inside("POD_NAME", "train-7f-5d9c8", 8,
+                                                                       {"POD_NAMESPACE": "ml"}),
+        "user.slice/user-1000.slice/session-3.scope": cut_inside("SLURM_JOB_ID", "4242917", 4,
+                                                                 {"SLURM_JOB_ACCOUNT": "cv"}),
+    }
+    children = []
+    try:
+        for relpath, env in placements.items():
+            children.append(subprocess.Popen(["sleep", "600"], env=env, stdin=subprocess.DEVNULL))
+            tree.place(children[-1].pid, relpath)
+        clock, gpu = _gpu_holding_all([c.pid for c in children])
+        (enriched,) = StallDiagnoser(py_spy=False, clock=clock).enrich(
+            [_stall([])], Snapshot(ts=clock.now, gpus=(gpu,)), clock.now)
+    finally:
+        tree.release()
+        for child in children:
+            child.kill()
+            child.wait(timeout=10)
+        tree.close()
+    assert [o.get("pod_uid") for o in enriched.details["owners"]] == [pod_uid, None]
+    routes = {"ops": [], "ml": ["namespace=ml"], "pod": ["pod=train-7f"], "job": ["slurm_job=4242"],
+              "cv": ["slurm_account=cv"]}
+    with HttpReceiver() as receiver:
+        cfg = config.parse({"gpu": {"act": "notify-owner"}, "notify": {"targets": [
+            {"name": name, "url": f"json://127.0.0.1:{receiver.port}/{name}", "owners": owners, "timeout": "2s"}
+            for name, owners in routes.items()]}}, "test")
+        _deliver(cfg, tmp_path, [AlertEvent(AlertStatus.FIRING, enriched, started_at=clock.now, ts=clock.now)])
+        paths = sorted(r.path for r in receiver.requests)
+    assert paths == ["/ml", "/ops"]
 
 
 @pytest.mark.parametrize("gpu,targets,problem", [
