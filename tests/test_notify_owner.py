@@ -115,7 +115,7 @@ def test_a_cut_environment_routes_to_no_one_it_does_not_name(tmp_path):
     placements = {  # cgroup -> environment
         ("kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod3c5e9f7a_5b1d_4c2e_9f3a_1b2c3d4e5f60"
          f".slice/cri-containerd-{'c0ffee00' * 8}.scope"): cut_inside("POD_NAME", "train-7f-5d9c8", 8,
-                                                                       {"POD_NAMESPACE": "ml"}),
+                                                                       {"POD_UID": pod_uid, "POD_NAMESPACE": "ml"}),
         "user.slice/user-1000.slice/session-3.scope": cut_inside("SLURM_JOB_ID", "4242917", 4,
                                                                  {"SLURM_JOB_ACCOUNT": "cv"}),
     }

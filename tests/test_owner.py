@@ -215,6 +215,22 @@ def test_pod_variables_that_contradict_the_cgroup_are_not_used():
     assert owner_of(dind, STATUS_1000, env, _passwd) == Owner("docker", CID, POD_UID, user="alice", uid=1000)
 
 
+def test_a_cut_environment_adds_only_what_it_confirms():
+    # The read stopped at the limit: an entry saying another pod or job may be in the part not read.
+    ns = {"POD_NAMESPACE": "ml", "POD_NAME": "train-7f"}
+    assert owner_of(CONTAINERD_POD_V2, STATUS_1000, ns, _passwd, complete=False).pod is None
+    assert owner_of(CONTAINERD_POD_V2, STATUS_1000, {**ns, "POD_UID": POD_UID}, _passwd, complete=False).pod == \
+        "train-7f"
+    assert owner_of(SLURM_V2, STATUS_1000, {"SLURM_JOB_ACCOUNT": "nlp"}, _passwd, complete=False).slurm_account is None
+    assert owner_of(SLURM_V2, STATUS_1000, {"SLURM_JOB_ACCOUNT": "nlp", "SLURM_JOB_ID": "4242"}, _passwd,
+                    complete=False).slurm_account == "nlp"
+
+
+def test_a_plain_containers_environment_names_no_job():
+    # Found by the generated layouts (tests/test_owner_properties.py): owner_of read what read_owner skips.
+    assert owner_of(DOCKER_V2, STATUS_1000, {"SLURM_JOB_ID": "1"}, _passwd).slurm_job is None
+
+
 def test_slurm_job_account_and_user():
     env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_ACCOUNT": "nlp", "SLURM_JOB_USER": "alice"}
     got = owner_of(SLURM_V2, STATUS_1000, env, _passwd)

@@ -170,7 +170,11 @@ def test_a_daemonset_pod_names_other_pods_from_its_cgroup_namespace(tree):
 def test_an_environment_cut_inside_a_value_names_no_one(tree):
     tree, children = tree
     pod = f"{pod_slice('burstable', 20)}/cri-containerd-{cid(20)}.scope"
-    cut_pod = _start(tree, children, pod, cut_inside("POD_NAME", "train-7f-5d9c8", 8, {"POD_NAMESPACE": "ml"}))
+    # The cut falls inside POD_NAME; POD_UID before it says this pod, so the namespace read is this pod's.
+    cut_pod = _start(tree, children, pod, cut_inside("POD_NAME", "train-7f-5d9c8", 8,
+                                                     {"POD_UID": uid(20), "POD_NAMESPACE": "ml"}))
+    # Without it, a POD_UID of another pod may stand in the part not read: nothing from the environment.
+    unconfirmed = _start(tree, children, pod, cut_inside("POD_NAME", "train-7f-5d9c8", 8, {"POD_NAMESPACE": "ml"}))
     # No Slurm cgroup plugin: only the environment says the job, and its id is cut after "4242".
     session = "user.slice/user-1000.slice/session-3.scope"
     cut_job = _start(tree, children, session, cut_inside("SLURM_JOB_ID", "4242917", 4, {"SLURM_JOB_ACCOUNT": "cv"}))
@@ -179,12 +183,11 @@ def test_an_environment_cut_inside_a_value_names_no_one(tree):
         with open(f"/proc/{pid}/environ", "rb") as fh:
             data = fh.read()
         assert len(data) > ENVIRON_LIMIT and data[:ENVIRON_LIMIT].endswith(tail)  # the kernel's bytes, cut there
-    got = read_owner("/proc", cut_pod)
-    assert (got.pod_uid, got.namespace, got.pod) == (uid(20), "ml", None)
-    got = read_owner("/proc", cut_job)
-    assert (got.slurm_job, got.slurm_account) == (None, None)  # not job 4242, nor its account
-    assert (read_owner("/proc", whole_job).slurm_job, read_owner("/proc", whole_job).slurm_account) == ("4242917",
-                                                                                                      "cv")
+    named = {pid: read_owner("/proc", pid) for pid in (cut_pod, unconfirmed, cut_job, whole_job)}
+    assert (named[cut_pod].pod_uid, named[cut_pod].namespace, named[cut_pod].pod) == (uid(20), "ml", None)
+    assert (named[unconfirmed].pod_uid, named[unconfirmed].namespace) == (uid(20), None)
+    assert (named[cut_job].slurm_job, named[cut_job].slurm_account) == (None, None)  # not job 4242, nor its account
+    assert (named[whole_job].slurm_job, named[whole_job].slurm_account) == ("4242917", "cv")
     # The same from a DaemonSet pod's cgroup namespace.
     seen = _read_from(tree, READERS["systemd"], [cut_pod, cut_job])
     assert seen[str(cut_pod)][1] == {"runtime": "containerd", "container_id": cid(20), "pod_uid": uid(20),

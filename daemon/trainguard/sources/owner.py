@@ -33,6 +33,7 @@ three places, all procfs, none of them touching a filesystem the process uses:
 
 from __future__ import annotations
 
+import functools
 import pwd
 import re
 from dataclasses import asdict, dataclass
@@ -104,36 +105,33 @@ class CgroupFacts:
     pod_env: bool = False
 
 
-def _split(path: str) -> tuple[list[str], bool]:
-    """(components, whether the first one's parent is hidden): a reader in a cgroup namespace sees paths
-    relative to its own root, climbing out of it with leading "/.."; what they climbed over is not shown."""
+def _components(path: str) -> list[str]:
+    """The components below the reader's cgroup namespace root: one in its own namespace (a DaemonSet
+    pod) climbs out of that root with leading "/.."; what they climbed over is not shown."""
     parts = [c for c in path.split("/") if c]
     climbed = 0
     while climbed < len(parts) and parts[climbed] == "..":
         climbed += 1
     parts = parts[climbed:]
-    if "." in parts or ".." in parts:
-        return [], False  # no kernel writes this
-    return parts, climbed > 0
+    return [] if "." in parts or ".." in parts else parts  # no kernel writes those further in
 
 
-def _parent_is(parts: list[str], i: int, hidden: bool, names: tuple[str, ...]) -> bool:
-    """parts[i]'s parent is one of names, or it is not shown (so it cannot contradict)."""
-    return parts[i - 1] in names if i > 0 else hidden
+def _parent_is(parts: list[str], i: int, names: tuple[str, ...]) -> bool:
+    """parts[i]'s parent is one of names, or it is not shown (the first component's), so it cannot contradict."""
+    return i == 0 or parts[i - 1] in names
 
 
-def _pod(parts: list[str], hidden: bool) -> tuple[int, str] | None:
+def _pod(parts: list[str]) -> tuple[int, str] | None:
     """(index, uid) of the pod's cgroup: a systemd pod slice under the slice its name says, or a cgroupfs
     pod<uid> under /kubepods[/burstable|/besteffort]; a parent that is shown must be the right one."""
     found = None
     for i, part in enumerate(parts):
         if match := _POD_SLICE.fullmatch(part):
-            if _parent_is(parts, i, hidden, (f"{match.group(1)}.slice",)):
+            if _parent_is(parts, i, (f"{match.group(1)}.slice",)):
                 found = i, match.group(2).replace("_", "-")
         elif (match := _POD_DIR.fullmatch(part)) and (
-                _parent_is(parts, i, hidden, ("kubepods",))
-                or (i >= 1 and parts[i - 1] in ("burstable", "besteffort")
-                    and _parent_is(parts, i - 1, hidden, ("kubepods",)))):
+                _parent_is(parts, i, ("kubepods",))
+                or (parts[i - 1] in ("burstable", "besteffort") and _parent_is(parts, i - 1, ("kubepods",)))):
             found = i, match.group(1)
     return found
 
@@ -159,7 +157,9 @@ def _container(parts: list[str], pod_at: int | None) -> tuple[int, str | None, s
 
 
 def _slurm(parts: list[str]) -> tuple[int, str, str | None] | None:
-    """(index, job id, step or None) from .../slurmstepd.scope/job_N[/step_S] or /slurm/uid_U/job_N[/step_S]."""
+    """(index, job id, step or None) of the innermost .../slurmstepd.scope/job_N[/step_S] or
+    /slurm/uid_U/job_N[/step_S]; slurmstepd's own scope, without a job, is none."""
+    found = None
     for i, part in enumerate(parts):
         if _STEPD.fullmatch(part):
             at = i + 1
@@ -167,12 +167,10 @@ def _slurm(parts: list[str]) -> tuple[int, str, str | None] | None:
             at = i + 2
         else:
             continue
-        job = _JOB.fullmatch(parts[at]) if at < len(parts) else None
-        if job is None:
-            return None
-        step = _STEP.fullmatch(parts[at + 1]) if at + 1 < len(parts) else None
-        return at, job.group(1), step.group(1) if step else None
-    return None
+        if at < len(parts) and (job := _JOB.fullmatch(parts[at])):
+            step = _STEP.fullmatch(parts[at + 1]) if at + 1 < len(parts) else None
+            found = at, job.group(1), step.group(1) if step else None
+    return found
 
 
 def _paths(cgroup_text: str) -> list[str]:
@@ -188,8 +186,8 @@ def _paths(cgroup_text: str) -> list[str]:
 
 
 def _path_facts(path: str) -> CgroupFacts | None:
-    parts, hidden = _split(path)
-    pod = _pod(parts, hidden)
+    parts = _components(path)
+    pod = _pod(parts)
     container = _container(parts, pod[0] if pod else None)
     slurm = _slurm(parts)
     if not (pod or container or slurm):
@@ -200,6 +198,7 @@ def _path_facts(path: str) -> CgroupFacts | None:
                        pod[1] if pod else None, slurm[1] if slurm else None, slurm[2] if slurm else None, pod_env)
 
 
+@functools.lru_cache(maxsize=1024)  # every process of a container, every cycle, brings the same text back
 def parse_cgroup(cgroup_text: str) -> CgroupFacts:
     """Container, pod uid and Slurm job of /proc/PID/cgroup text (v1 or v2), all from the first path
     that names any (v2 first), so facts of two hierarchies are never mixed; unknown layouts give nothing."""
@@ -248,26 +247,31 @@ def user_name(uid: int, lookup: Callable[[int], "pwd.struct_passwd"] = pwd.getpw
         return str(uid)
 
 
+def _agrees(value: str | None, truth: str, complete: bool) -> bool:
+    """An environment value agrees with the cgroup: it is the same, or it is absent from an environment
+    read whole (in a cut one, the entry that says otherwise may be in the part not read)."""
+    return value == truth or (value is None and complete)
+
+
 def owner_of(cgroup_text: str, status_text: str, env: Mapping[str, str],
-             lookup: Callable[[int], "pwd.struct_passwd"] = pwd.getpwuid) -> Owner:
-    """The owner facts from the three texts (env: parse_environ's named keys)."""
-    return _owner(parse_cgroup(cgroup_text), parse_uid(status_text), env, lookup)
-
-
-def _owner(cg: CgroupFacts, uid: int | None, env: Mapping[str, str],
-           lookup: Callable[[int], "pwd.struct_passwd"]) -> Owner:
-    """The cgroup names the owner; the environment only adds names to it and is dropped where it
-    says otherwise (another pod's uid, another Slurm job)."""
+             lookup: Callable[[int], "pwd.struct_passwd"] = pwd.getpwuid, complete: bool = True) -> Owner:
+    """The owner facts from the three texts (env: parse_environ's named keys; complete: False when the
+    read stopped at ENVIRON_LIMIT, so some entries were never seen). The cgroup names the owner; the
+    environment only adds names to it, and only where it agrees (not another pod's uid, not another job)."""
+    cg = parse_cgroup(cgroup_text)
+    uid = parse_uid(status_text)
+    if not _env_speaks(cg):
+        env = {}
     namespace = pod = None
     env_uid = next((env[k].strip() for k in POD_UID_KEYS if env.get(k, "").strip()), None)
-    if cg.pod_env and env_uid in (None, cg.pod_uid):
+    if cg.pod_env and cg.pod_uid and _agrees(env_uid, cg.pod_uid, complete):
         namespace = _first(env, POD_NAMESPACE_KEYS, _DNS_LABEL)
         pod = _first(env, POD_NAME_KEYS, _DNS_NAME)
     job, step = cg.slurm_job, cg.slurm_step
     env_job = _first(env, ("SLURM_JOB_ID",), re.compile(r"\d{1,12}"))
     if job is None and env_job is not None:
         job, step = env_job, _first(env, ("SLURM_STEP_ID",), re.compile(r"\d{1,9}|batch|extern|interactive"))
-    same_job = job is not None and (env_job is None or env_job == job)  # account/user of this job, not another
+    same_job = job is not None and _agrees(env_job, job, complete)  # account/user of this job, not another
     return Owner(cg.runtime, cg.container_id, cg.pod_uid, namespace, pod, job, step,
                  _first(env, ("SLURM_JOB_ACCOUNT",), _WORD) if same_job else None,
                  _first(env, ("SLURM_JOB_USER",), _WORD) if same_job else None,
@@ -288,14 +292,20 @@ def read_owner(proc_root: str, pid: int, cgroup_text: str | None = None, status_
         cgroup_text = (_read(f"{proc_root}/{pid}/cgroup", 64 * 1024) or b"").decode("utf-8", "replace")
     if status_text is None:
         status_text = (_read(f"{proc_root}/{pid}/status", 64 * 1024) or b"").decode("utf-8", "replace")
-    cg = parse_cgroup(cgroup_text)
-    return _owner(cg, parse_uid(status_text), _environ(proc_root, pid, cg), pwd.getpwuid)
+    env, complete = _environ(proc_root, pid, parse_cgroup(cgroup_text))
+    return owner_of(cgroup_text, status_text, env, complete=complete)
 
 
-def _environ(proc_root: str, pid: int, cg: CgroupFacts) -> dict[str, str]:
-    """The named keys, read only when they can add something: in a pod's own container, in a Slurm job,
-    or outside any container (a Slurm node without its cgroup plugin); a plain container's environment,
-    or one nested inside a pod, is left alone."""
-    if not cg.pod_env and cg.slurm_job is None and (cg.container_id or cg.pod_uid):
-        return {}
-    return parse_environ(_read(f"{proc_root}/{pid}/environ", ENVIRON_LIMIT) or b"")
+def _env_speaks(cg: CgroupFacts) -> bool:
+    """Can the environment add something: in a pod's own container, in a Slurm job, or outside any
+    container (a Slurm node without its cgroup plugin)? A plain container's environment, or one nested
+    inside a pod, is left alone."""
+    return cg.pod_env or cg.slurm_job is not None or not (cg.container_id or cg.pod_uid)
+
+
+def _environ(proc_root: str, pid: int, cg: CgroupFacts) -> tuple[dict[str, str], bool]:
+    """(the named keys, whether the whole environment was read), read only where it speaks."""
+    if not _env_speaks(cg):
+        return {}, True
+    data = _read(f"{proc_root}/{pid}/environ", ENVIRON_LIMIT + 1) or b""
+    return parse_environ(data[:ENVIRON_LIMIT]), len(data) <= ENVIRON_LIMIT
