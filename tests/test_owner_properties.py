@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from trainguard.sources.owner import (ENV_KEYS, POD_NAME_KEYS, POD_NAMESPACE_KEYS, POD_UID_KEYS, CgroupFacts,
                                       owner_of, parse_cgroup, parse_environ)
 
-SETTINGS = settings(max_examples=400, derandomize=True, deadline=None)
+SETTINGS = settings(max_examples=300, derandomize=True, deadline=None)
 
 HEX64 = st.text("0123456789abcdef", min_size=64, max_size=64)
 UIDS = st.builds(lambda n: str(uuid.UUID(int=n)), st.integers(0, 2**128 - 1))

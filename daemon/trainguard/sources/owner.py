@@ -19,7 +19,7 @@ three places, all procfs, none of them touching a filesystem the process uses:
   Path components are matched wherever they sit: a reader in its own cgroup namespace (a DaemonSet
   pod) sees paths relative to its root, climbing out with "/.." (another pod of its QoS class:
   /../../kubepods-burstable-pod<uid>.slice/cri-containerd-<id>.scope). A parent that is shown must
-  be the one the layout requires; one that was climbed over cannot contradict. Runtimes nest (kind,
+  be the one the layout requires; one that is not (climbed over) cannot contradict. Runtimes nest (kind,
   Docker-in-Docker): the innermost container is the process's. Anything else (dockerd's own
   docker.service, crio-conmon-<id>.scope, a login session, an id inside another name) gives nothing:
   never a guess.
