@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import base64
 import http.client
+import signal
 import socket
 import ssl
 import time
+from urllib.parse import urlparse
 
 import pytest
 from trainguard import config
@@ -18,6 +20,7 @@ from trainguard.surfaces.access import Access
 from trainguard.surfaces.exposition import MetricsApp
 from trainguard.surfaces.httpserver import HttpServer
 
+from tests.support.daemon_proc import DaemonProcess
 from tests.support.tls import Pki, bcrypt_hash, make_pki, write_web_config
 from tests.test_exposition import families
 
@@ -259,3 +262,28 @@ def test_a_client_that_does_not_read_its_answer_is_cut_at_the_request_deadline()
         reader.close()
     finally:
         httpd.stop()
+
+
+def test_sighup_with_a_bad_web_config_is_one_line_and_the_port_keeps_its_settings(tmp_path, pki):
+    web_path = write_web_config(tmp_path / "web.yml", pki, {"prometheus": "old-pass"})
+    cfg = f'[general]\nstate_dir = "{tmp_path / "state"}"\ninterval = "0.5s"\n[filesystems]\npaths = ["{tmp_path}"]\n' \
+          f'exclude = ["*"]\n[metrics]\nlisten = "127.0.0.1:0"\nweb_config = "{web_path}"\n[gpu]\nenabled = false\n'
+    with DaemonProcess(tmp_path, cfg) as daemon:
+        port = urlparse(daemon.metrics_url(timeout=30)).port
+        target = type("Target", (), {"port": port})
+
+        def status(password: str) -> int:
+            return get(target, client_context(pki), auth("prometheus", password)).status
+
+        assert status("old-pass") == 200
+        web_path.write_text("tls_server_config: {cert_file: server.crt, key_file: /nonexistent/server.key}\n")
+        daemon.signal(signal.SIGHUP)
+        daemon.wait_log("reload rejected")
+        (line,) = [x for x in daemon.log.splitlines() if "reload rejected" in x]
+        assert f"{web_path} (metrics.web_config): tls_server_config.cert_file: file not found" in line
+        assert status("old-pass") == 200 and status("new-pass") == 401  # the old server, as it was
+        write_web_config(web_path, pki, {"prometheus": "new-pass"})
+        daemon.signal(signal.SIGHUP)
+        daemon.wait_log("configuration reloaded")
+        assert status("new-pass") == 200 and status("old-pass") == 401  # same port, the new users
+        assert "old-pass" not in daemon.log and "new-pass" not in daemon.log
