@@ -77,7 +77,7 @@ class Exchange(BaseHTTPRequestHandler):
                    "SERVER_PROTOCOL": self.request_version}
         started: list = []
 
-        def start_response(status: str, headers: list, exc_info: Any = None) -> None:
+        def start_response(status: str, headers: list, _exc_info: Any = None) -> None:
             started[:] = status, headers
 
         try:
