@@ -64,12 +64,10 @@ def bcrypt_hash(password: str) -> str:
     return bcrypt.hashpw(password.encode(), bcrypt.gensalt(4)).decode()
 
 
-def write_web_config(path: Path, pki: Pki, users: dict[str, str], *, client_certs: bool = True,
-                     **extra: object) -> Path:
+def write_web_config(path: Path, pki: Pki, users: dict[str, str], **extra: object) -> Path:
     """A web.yml (as JSON, which is YAML) with TLS, client certificates checked against the CA, and users."""
-    tls: dict[str, object] = {"cert_file": str(pki.server_cert), "key_file": str(pki.server_key)}
-    if client_certs:
-        tls.update(client_auth_type="RequireAndVerifyClientCert", client_ca_file=str(pki.ca))
+    tls = {"cert_file": str(pki.server_cert), "key_file": str(pki.server_key),
+           "client_auth_type": "RequireAndVerifyClientCert", "client_ca_file": str(pki.ca)}
     doc = {"tls_server_config": tls, "basic_auth_users": {u: bcrypt_hash(p) for u, p in users.items()}, **extra}
     path.write_text(json.dumps(doc))
     return path
