@@ -11,12 +11,10 @@ _ = object()
 # Called by frameworks and libraries, never by name in this package.
 _.collect  # surfaces/exporter.py: prometheus_client calls a collector's collect() on each scrape
 _.log_message  # surfaces/pages.py: http.server's logging hook, overridden to stay quiet
-address_family  # surfaces/pages.py: socketserver reads it to bind IPv6 listeners
-daemon_threads  # surfaces/pages.py: socketserver.ThreadingMixIn reads it
 protocol_version  # surfaces/pages.py: http.server reads these to speak HTTP/1.1 and answer malformed requests
 default_request_version
-disable_nagle_algorithm  # surfaces/pages.py: socketserver.StreamRequestHandler sets TCP_NODELAY from it
-_.handle_error  # surfaces/pages.py: socketserver calls it when a connection's handler raised
+_.rfile  # surfaces/pages.py: http.server's parser reads the request head from it
+http2  # config/web.py: exporter-toolkit's key, accepted so the same file loads; the port speaks HTTP/1.1
 _.on_any_event  # sources/logwatch.py: watchdog's event handler
 _.msg  # redact.py: the logging.LogRecord field a filter rewrites
 _.socket_connect_timeout  # notify/apprise_sender.py: set on apprise's plugin objects

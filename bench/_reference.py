@@ -22,19 +22,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_node_exporter() -> tuple[subprocess.Popen, str] | None:
+def start_node_exporter(web_config: str | None = None, context=None,
+                        headers: dict | None = None) -> tuple[subprocess.Popen, str] | None:
+    """node_exporter on a free loopback port; with `web_config` (its --web.config.file) it is probed over
+    https with `context` and `headers` (basic auth)."""
     exe = next((shutil.which(c) for c in CANDIDATES if shutil.which(c)), None)
     if exe is None:
         return None
     port = free_port()
+    web = [f"--web.config.file={web_config}"] if web_config else []
     proc = subprocess.Popen([exe, f"--web.listen-address=127.0.0.1:{port}",
-                             f"--collector.filesystem.fs-types-exclude={FS_TYPES_EXCLUDE}"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}/metrics"
+                             f"--collector.filesystem.fs-types-exclude={FS_TYPES_EXCLUDE}", *web],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"{'https' if web_config else 'http'}://127.0.0.1:{port}/metrics"
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         try:
-            urllib.request.urlopen(url, timeout=2).read()
+            urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=2,
+                                   context=context).read()
             return proc, url
         except OSError:
             time.sleep(0.1)

@@ -60,6 +60,22 @@ def test_check_config_missing_file_and_syntax_error(tmp_path):
     assert result.returncode == 2 and "TOML syntax error" in result.stderr and "line 1" in result.stderr
 
 
+@pytest.mark.parametrize("url, problem", [
+    ("json://user:PASSWORD9@alertbridge:99999/hook", "port 99999 is out of range (1-65535)"),
+    ("json://alertbridge:0/TOKEN9path", "port 0 is out of range (1-65535)"),
+    ("mailtos://user:PASSWORD9@smtp.example.com:70000", "port 70000 is out of range (1-65535)"),
+    ("mailtos://user:PASSWORD9@example.com?smtp=smtp_server!", "its smtp is not a valid host name or address"),
+])
+def test_check_config_refuses_an_apprise_port_or_host_that_cannot_work_naming_the_target(tmp_path, url, problem):
+    path = write_config(tmp_path, f'[[notify.targets]]\nname = "hook"\nurl = "{url}"\n'
+                                  '[[notify.targets]]\nname = "fine"\nurl = "json://alertbridge:8080/hook"\n')
+    result = trainguard("check-config", str(path))
+    assert result.returncode == 2
+    (line,) = [ln for ln in result.stderr.splitlines() if ln.startswith(f"{path}: ")]
+    assert line.startswith(f"{path}: notify.targets: target 'hook': {problem} in ") and "'fine'" not in line
+    assert "PASSWORD9" not in result.stderr and "TOKEN9" not in result.stderr
+
+
 @pytest.mark.parametrize("where", ["before", "after", "env"])
 def test_config_path_is_honoured_wherever_it_is_given(tmp_path, where):
     # `trainguard --config X run` used to run the built-in defaults without a word.

@@ -316,3 +316,12 @@ def test_security_exposure_stays_low(installable_unit):
     match = re.search(r"Overall exposure level for \S+: ([0-9.]+)", done.stdout)
     assert match, done.stdout + done.stderr
     assert float(match.group(1)) <= MAX_EXPOSURE
+
+
+def test_the_unit_sets_an_open_file_limit_the_metrics_cap_fits_in():
+    """Without LimitNOFILE a connection flood could take the descriptors cleanup and the state db need; the
+    daemon warns when metrics.max_connections is over a quarter of the limit (surfaces/server.py)."""
+    (limit,) = re.findall(r"(?m)^LimitNOFILE=(\d+)$", UNIT.read_text())
+    from trainguard.config import Metrics
+
+    assert int(limit) >= max(1024, 4 * Metrics().max_connections)  # 1024: systemd's default soft limit

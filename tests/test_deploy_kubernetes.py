@@ -95,3 +95,15 @@ def test_the_embedded_config_is_valid_and_listens_on_the_declared_port():
     assert cfg.general.proc_root == "/host/proc" and cfg.general.host_root == "/host/root"
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
     assert {cfg.general.proc_root, cfg.general.host_root, cfg.general.state_dir, "/etc/trainguard"} <= mounts
+
+
+def test_the_metrics_port_takes_its_web_config_from_a_secret():
+    """Every pod in the cluster reaches 0.0.0.0:9842: TLS and basic auth come from a Secret, read-only."""
+    cfg = config.parse(tomllib.loads(documents()["ConfigMap"]["data"]["config.toml"]), "configmap")
+    spec = pod_spec()
+    (container,) = spec["containers"]
+    web = {m["name"]: m for m in container["volumeMounts"]}["web"]
+    assert web["readOnly"] and cfg.metrics.web_config == f"{web['mountPath']}/web.yml"
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "web"]
+    assert volume["secret"]["secretName"] == "trainguard-web" and not volume["secret"].get("optional")
+    assert documents()["DaemonSet"]["spec"]["template"]["metadata"]["annotations"]["prometheus.io/scheme"] == "https"

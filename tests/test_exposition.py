@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from trainguard.surfaces import pages
 from trainguard.surfaces.exposition import MetricsApp, render, value_text
+from trainguard.surfaces.httpserver import HttpServer
 
 
 def families():
@@ -140,9 +141,15 @@ def served():
     """A MetricsApp with a /status page on 127.0.0.1; yields (port, Broken)."""
     broken = Broken()
     app = pages.with_pages(MetricsApp(broken, lambda: None), {"/status": lambda: "<p>ok</p>"})
-    httpd, thread = pages.serve("127.0.0.1", 0, app)
-    yield httpd.server_address[1], broken
-    pages.shut_down(httpd, thread)
+    httpd = serve(app)
+    yield httpd.port, broken
+    httpd.stop()
+
+
+def serve(app, host: str = "127.0.0.1", **limits) -> HttpServer:
+    httpd = HttpServer(host, 0, app, **limits)
+    httpd.start()
+    return httpd
 
 
 def connection(port: int) -> http.client.HTTPConnection:
@@ -219,9 +226,9 @@ def test_a_page_error_is_a_500_logged_once_and_metrics_are_still_served(caplog):
         raise RuntimeError("page bug")
 
     app = pages.with_pages(MetricsApp(families, lambda: None), {"/status": failing})
-    httpd, thread = pages.serve("127.0.0.1", 0, app)
+    httpd = serve(app)
     try:
-        conn = connection(httpd.server_address[1])
+        conn = connection(httpd.port)
         with caplog.at_level(logging.ERROR, logger="trainguard.surfaces.pages"):
             conn.request("GET", "/status")
             failed = conn.getresponse()
@@ -231,7 +238,7 @@ def test_a_page_error_is_a_500_logged_once_and_metrics_are_still_served(caplog):
         assert conn.getresponse().status == 200
         conn.close()
     finally:
-        pages.shut_down(httpd, thread)
+        httpd.stop()
 
 
 def test_an_app_error_is_a_500_logged_once_and_the_next_scrape_is_served(served, caplog):
@@ -249,38 +256,42 @@ def test_an_app_error_is_a_500_logged_once_and_the_next_scrape_is_served(served,
     conn.close()
 
 
-def test_a_silent_client_does_not_stop_others_and_a_stalled_one_is_dropped(served, monkeypatch):
-    port, _ = served
-    monkeypatch.setattr(pages.Handler, "timeout", 0.5)
-    with socket.create_connection(("127.0.0.1", port), timeout=5):  # connects and says nothing
-        conn = connection(port)
-        conn.request("GET", "/metrics")
-        assert conn.getresponse().status == 200
-        conn.close()
-    assert exchange(port, b"GET /metr") == b""  # half a request line, then nothing: closed, unanswered
+def test_a_silent_client_does_not_stop_others_and_a_stalled_one_is_dropped():
+    httpd = serve(MetricsApp(families, lambda: None), head_deadline=0.5)
+    try:
+        with socket.create_connection(("127.0.0.1", httpd.port), timeout=5):  # connects and says nothing
+            conn = connection(httpd.port)
+            conn.request("GET", "/metrics")
+            assert conn.getresponse().status == 200
+            conn.close()
+        started = time.monotonic()
+        assert exchange(httpd.port, b"GET /metr") == b""  # half a request line, then nothing: closed, unanswered
+        assert 0.4 < time.monotonic() - started < 2
+    finally:
+        httpd.stop()
 
 
 def test_shut_down_is_prompt_with_an_idle_keep_alive_connection_open():
-    httpd, thread = pages.serve("127.0.0.1", 0, MetricsApp(families, lambda: None))
-    conn = connection(httpd.server_address[1])
+    httpd = serve(MetricsApp(families, lambda: None))
+    conn = connection(httpd.port)
     conn.request("GET", "/metrics")
     conn.getresponse().read()
     started = time.monotonic()
-    pages.shut_down(httpd, thread)
-    assert time.monotonic() - started < 2 and not thread.is_alive()
+    httpd.stop()
+    assert time.monotonic() - started < 2 and not httpd.thread.is_alive()
     assert conn.sock.recv(1) == b""  # the stopped server answers no more scrapes on it
     conn.close()
 
 
 def test_an_ipv6_listen_address_is_served():
     try:
-        httpd, thread = pages.serve("::1", 0, MetricsApp(families, lambda: None))
+        httpd = serve(MetricsApp(families, lambda: None), "::1")
     except OSError as exc:
         pytest.skip(f"no IPv6 loopback: {exc}")
     try:
-        conn = http.client.HTTPConnection("::1", httpd.server_address[1], timeout=5)
+        conn = http.client.HTTPConnection("::1", httpd.port, timeout=5)
         conn.request("GET", "/metrics")
         assert conn.getresponse().status == 200
         conn.close()
     finally:
-        pages.shut_down(httpd, thread)
+        httpd.stop()

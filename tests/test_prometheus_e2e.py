@@ -17,9 +17,10 @@ from urllib.parse import urlencode, urlparse
 import pytest
 
 from tests.gpu_support import FAKE_DIR, GiB, gpu_spec
-from tests.support.daemon_proc import REPO, DaemonProcess
+from tests.support.daemon_proc import REPO, DaemonProcess, wait_until
 from tests.support.mounts import fill
 from tests.support.prometheus import Prometheus, prometheus_binary
+from tests.support.tls import make_pki, write_web_config
 from tests.test_exporter import config
 
 RULES = REPO / "deploy" / "prometheus" / "trainguard.rules.yml"
@@ -100,3 +101,34 @@ def test_a_gpu_stall_goes_pending_then_firing_and_resolves_when_work_resumes(tmp
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_prometheus_scrapes_over_tls_with_a_client_certificate_and_basic_auth(tmp_path):
+    """The web config node_exporter would take, and Prometheus' tls_config and basic_auth beside it: the right
+    client is served the series; a wrong password (401) and a missing client certificate are refused."""
+    pki = make_pki(tmp_path / "pki")
+    web = write_web_config(tmp_path / "web.yml", pki, {"prometheus": "scrape-pass"},
+                           http_server_config={"headers": {"X-Content-Type-Options": "nosniff"}})
+    cfg = config(tmp_path / "state", [tmp_path], interval="0.5s") + f'web_config = "{web}"\n[gpu]\nenabled = false\n'
+    tls = {"ca_file": str(pki.ca), "cert_file": str(pki.client_cert), "key_file": str(pki.client_key)}
+    right = {"scheme": "https", "tls_config": tls, "basic_auth": {"username": "prometheus", "password": "scrape-pass"}}
+    with DaemonProcess(tmp_path, cfg) as daemon:
+        url = daemon.metrics_url(timeout=30)
+        assert url.startswith("https://127.0.0.1:")
+        address = urlparse(url).netloc
+        jobs = ({"job_name": "wrong-password", "static_configs": [{"targets": [address]}],
+                 **right, "basic_auth": {"username": "prometheus", "password": "guess"}},
+                {"job_name": "no-client-cert", "static_configs": [{"targets": [address]}],
+                 **right, "tls_config": {"ca_file": str(pki.ca)}})
+        with Prometheus(tmp_path / "prom", [address], RULES, scrape=right, jobs=jobs) as prom:
+            def scraped():
+                ups = {r["metric"]["job"]: r["value"][1] for r in prom.query("up")}
+                return len(ups) == 3 and ups
+            ups = wait_until(scraped, 30, interval=0.5, what="three scrape jobs with a result")
+            assert ups == {"trainguard": "1", "wrong-password": "0", "no-client-cert": "0"}
+            series = prom.query('trainguard_filesystem_size_bytes{job="trainguard"}')
+            assert len(series) == 1 and float(series[0]["value"][1]) > 0  # the one watched mount's size
+            errors = {t["labels"]["job"]: t["lastError"] for t in prom.api("targets")["activeTargets"]}
+            assert errors["trainguard"] == "" and "401" in errors["wrong-password"]
+            assert "tls" in errors["no-client-cert"].lower() or "certificate" in errors["no-client-cert"].lower()
+    assert "scrape-pass" not in daemon.log

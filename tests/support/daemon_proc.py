@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Mapping
 
 REPO = Path(__file__).resolve().parents[2]
-_SERVING = re.compile(r"serving metrics on (http://\S+/metrics)")
+_SERVING = re.compile(r"serving metrics on (https?://\S+/metrics)")
 
 
 def wait_until(predicate, timeout: float, interval: float = 0.05, what: str = "condition"):

@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -40,7 +41,8 @@ def short_for(rules_text: str, for_: str) -> str:
 
 class Prometheus:
     def __init__(self, workdir: Path, targets: list[str], rules: Path, *, for_: str = "3s",
-                 interval: str = "1s"):
+                 interval: str = "1s", scrape: dict | None = None, jobs: tuple[dict, ...] = ()):
+        """`scrape`: more settings of the trainguard job (scheme, tls_config, basic_auth); `jobs`: more jobs."""
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
         self.rules = workdir / "rules.yml"
@@ -48,7 +50,8 @@ class Prometheus:
         config = {
             "global": {"scrape_interval": interval, "evaluation_interval": interval, "scrape_timeout": interval},
             "rule_files": [str(self.rules)],
-            "scrape_configs": [{"job_name": "trainguard", "static_configs": [{"targets": targets}]}],
+            "scrape_configs": [{"job_name": "trainguard", "static_configs": [{"targets": targets}], **(scrape or {})},
+                               *jobs],
         }
         self.config = workdir / "prometheus.yml"
         self.config.write_text(json.dumps(config))  # JSON is YAML
@@ -87,6 +90,9 @@ class Prometheus:
             body = json.load(response)
         assert body["status"] == "success", body
         return body["data"]
+
+    def query(self, expr: str) -> list[dict]:
+        return self.api("query?" + urllib.parse.urlencode({"query": expr}))["result"]
 
     def alerts(self, name: str) -> list[dict]:
         return [a for a in self.api("alerts")["alerts"] if a["labels"]["alertname"] == name]

@@ -32,6 +32,7 @@ from trainguard.config.loader import (
     load,
     parse,
     read_toml,
+    read_web_config,
 )
 from trainguard.config.mirror import Mirror, mirrored_path
 from trainguard.config.notify import Notify, NotifyTarget
@@ -52,5 +53,5 @@ __all__ = [
     "CheckpointsPolicy", "CleanupPolicy", "Config", "ConfigError", "Filesystems", "Forecast", "General", "Gpu",
     "GpuOverride", "GpuRule", "History", "Io", "Loaded", "LogWatch", "LogsPolicy", "MaxDelete", "Metrics", "Mirror", "mirrored_path", "MountOverride",
     "Notify", "NotifyTarget", "Strict", "ThrottleReason", "Thresholds", "dump", "env_overrides", "load", "parse",
-    "parse_listen", "read_toml", "redact_url",
+    "parse_listen", "read_toml", "read_web_config", "redact_url",
 ]

@@ -6,7 +6,7 @@ import logging
 import socket
 from typing import Any, Literal
 
-from pydantic import field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from trainguard.config.base import Strict
 from trainguard.config.types import Duration, PositiveDuration
@@ -56,6 +56,11 @@ class Metrics(Strict):
     """Prometheus /metrics endpoint. listen = "" turns it off."""
 
     listen: str = "127.0.0.1:9842"  # "host:port", "[::1]:port" or ":port" (all addresses)
+    # exporter-toolkit's web config file (TLS, basic auth, headers), as node_exporter's --web.config.file.
+    web_config: str = ""
+    # Connections held at once. Half at most may be new (before their first request is answered): a flood
+    # of silent or slow clients waits in the listen queue, and a kept connection (Prometheus') is not dropped.
+    max_connections: int = Field(16, ge=1, le=1024)
 
     @field_validator("listen")
     @classmethod

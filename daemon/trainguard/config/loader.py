@@ -27,6 +27,7 @@ from trainguard.config.gpu import Gpu
 from trainguard.config.mirror import Mirrors
 from trainguard.config.notify import Notify
 from trainguard.config.storage import Filesystems, Forecast, Io, LogWatch
+from trainguard.config.web import WebConfig, server_context
 from trainguard.redact import redact_url, scrub
 
 if sys.version_info >= (3, 11):
@@ -38,7 +39,7 @@ DEFAULT_CONFIG_PATH = "/etc/trainguard/config.toml"
 BUILT_IN = "built-in defaults"
 __all__ = ["ENV_CONFIG", "ENV_PREFIX"]  # re-exported for callers of this module
 # Keys whose values must never be printed back (notify URLs carry tokens).
-SECRET_KEYS = frozenset({"url", "urls", "password", "secret", "token"})
+SECRET_KEYS = frozenset({"url", "urls", "password", "secret", "token", "basic_auth_users"})
 
 
 class Config(Strict):
@@ -88,6 +89,7 @@ class Loaded:
     config: Config
     source: str  # the file read, or "built-in defaults"
     env_vars: tuple[str, ...] = ()  # the TRAINGUARD_* variables merged over it
+    web: WebConfig | None = None  # metrics.web_config's file, read and checked
 
     @property
     def sources(self) -> str:
@@ -99,12 +101,12 @@ def _is_secret(loc: tuple[Any, ...]) -> bool:
     return any(isinstance(part, str) and part.lower() in SECRET_KEYS for part in loc)
 
 
-def _describe(error: Mapping[str, Any]) -> str:
+def _describe(error: Mapping[str, Any], allowed: str = "config.example.toml") -> str:
     loc = tuple(error["loc"])
     path = ".".join(str(p) for p in loc) or "(top level)"
     message = error["msg"].removeprefix("Value error, ")
     if error["type"] == "extra_forbidden":
-        return f"{path}: unknown key (check the spelling; allowed keys are in config.example.toml)"
+        return f"{path}: unknown key (check the spelling; allowed keys are in {allowed})"
     if error["type"] == "literal_error":
         return f"{path}: {message}, got {error['input']!r}"
     if _is_secret(loc):
@@ -151,8 +153,9 @@ def parse(data: Mapping[str, Any], source: str, env: EnvOverrides | None = None)
         raise ConfigError(source, ["nested too deeply to be a trainguard config"]) from None
 
 
-def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The file's TOML. Only a regular file is read: a FIFO or a device would block or never end."""
+def _open_regular(path: str | os.PathLike[str]) -> int | None:
+    """An fd of the file to read, None for /dev/null. Only a regular file is read: a FIFO or a device
+    would block or never end."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     except FileNotFoundError:
@@ -165,12 +168,20 @@ def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
     mode = st.st_mode
     if stat.S_ISCHR(mode) and st.st_rdev == os.stat(os.devnull).st_rdev:
         os.close(fd)
-        return {}  # --config /dev/null: explicitly no file, the built-in defaults
+        return None
     if not stat.S_ISREG(mode):
         os.close(fd)
         if stat.S_ISDIR(mode):
-            raise ConfigError(str(path), ["is a directory, not a TOML file"])
-        raise ConfigError(str(path), ["is not a regular file (a FIFO, socket or device); give a TOML file"])
+            raise ConfigError(str(path), ["is a directory, not a file"])
+        raise ConfigError(str(path), ["is not a regular file (a FIFO, socket or device)"])
+    return fd
+
+
+def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The file's TOML."""
+    fd = _open_regular(path)
+    if fd is None:
+        return {}  # --config /dev/null: explicitly no file, the built-in defaults
     with os.fdopen(fd, "rb") as fh:
         try:
             return tomllib.load(fh)
@@ -182,6 +193,39 @@ def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
             raise ConfigError(str(path), ["nested too deeply to be a trainguard config"]) from None
         except OSError as exc:
             raise ConfigError(str(path), [f"cannot be read: {exc.strerror}"]) from None
+
+
+def read_web_config(path: str, setting: str = "metrics.web_config") -> WebConfig:
+    """The web config file: YAML in exporter-toolkit's format, checked down to its certificates.
+    Its problems name the file and the setting (or variable) that points at it."""
+    import yaml  # only a daemon given a web config pays for it (1.4 MiB)
+
+    source = f"{path} ({setting})"
+    try:
+        fd = _open_regular(path)
+    except ConfigError as exc:
+        raise ConfigError(source, exc.problems) from None
+    if fd is None:
+        return WebConfig()
+    with os.fdopen(fd, "rb") as fh:
+        try:
+            data = yaml.safe_load(fh)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            raise ConfigError(source, [f"YAML syntax error{where}: {getattr(exc, 'problem', None) or exc}"]) from None
+        except (OSError, ValueError, RecursionError) as exc:
+            raise ConfigError(source, [f"cannot be read: {exc}"]) from None
+    try:
+        web = WebConfig.model_validate(data or {}).relative_to(os.path.dirname(os.path.abspath(path)))
+    except ValidationError as exc:
+        raise ConfigError(source, [_describe(e, "exporter-toolkit's web configuration docs").removeprefix(
+            "(top level): ") for e in exc.errors()]) from None
+    try:
+        server_context(web.tls_server_config)  # a key that does not match its certificate is found now
+    except ValueError as exc:
+        raise ConfigError(source, [str(exc)]) from None
+    return web
 
 
 def load(path: str | None = None, environ: Mapping[str, str] | None = None) -> Loaded:
@@ -204,7 +248,12 @@ def load(path: str | None = None, environ: Mapping[str, str] | None = None) -> L
         raise ConfigError("environment", [text for _, text in env.problems], [name for name, _ in env.problems])
     if env.tree:
         data = _merge(data, env.tree)
-    return Loaded(parse(data, source, env), source, tuple(env.variables))
+    config = parse(data, source, env)
+    web = None
+    if config.metrics.web_config:
+        web = read_web_config(config.metrics.web_config, env.origin_of(("metrics", "web_config")) or
+                              "metrics.web_config")
+    return Loaded(config, source, tuple(env.variables), web)
 
 
 def dump(config: Config) -> dict[str, Any]:

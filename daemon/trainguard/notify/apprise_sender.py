@@ -194,6 +194,9 @@ class AppriseSender:
                     else f"unknown apprise URL scheme {scheme!r}")
             detail = _reason(capture.records, Redactor([target.url]), "apprise could not parse it")
             return None, f"target {target.name!r}: {what} {redact_url(target.url)}: {detail}"
+        problem = _address_problem(service)
+        if problem:
+            return None, f"target {target.name!r}: {problem} in {redact_url(target.url)}"
         with self._lock:
             self._services[cache_key] = service
         return service, None
@@ -256,6 +259,25 @@ class AppriseSender:
         if ok:
             return Delivery(True)
         return Delivery(False, _reason(capture.records, self.redactor, "apprise reported failure without a reason"))
+
+
+def _address_problem(service: Any) -> str | None:
+    """What apprise parses without checking: a port out of range (json://h:99999/ fails only at delivery),
+    and a server host name that cannot be one. The host is not echoed: in a mistyped URL it may be a token."""
+    port = getattr(service, "port", None)
+    if port is not None and not 1 <= int(port) <= 65535:
+        return f"port {port} is out of range (1-65535)"
+    try:
+        from apprise.utils.parse import is_hostname
+    except ImportError:  # apprise 1.x
+        from apprise.utils import is_hostname
+
+    hosts = {"host": getattr(service, "host", None) if "host" in getattr(service, "template_tokens", {}) else None,
+             "smtp": getattr(service, "smtp_host", None)}  # mailto's ?smtp= server
+    for name, host in hosts.items():
+        if host and not is_hostname(host, ipv4=True, ipv6=True):
+            return f"its {name} is not a valid host name or address"
+    return None
 
 
 def _scheme_registered(apprise: Any, scheme: str) -> bool:

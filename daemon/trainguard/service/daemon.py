@@ -184,11 +184,15 @@ class Daemon:
         address = self.config.metrics.address
         if address is None:
             return
-        server = MetricsServer(lambda: self.readings, address, pages={"/status": self.status_page})
+        server = MetricsServer(lambda: self.readings, address, pages={"/status": self.status_page},
+                               web=self.loaded.web, max_connections=self.config.metrics.max_connections)
         try:
             server.start()
         except OSError as exc:
             log.error("cannot serve metrics on %s: %s (metrics.listen)", self.config.metrics.listen, exc)
+            return
+        except ValueError as exc:  # a TLS file changed since the config was read: never serve without it
+            log.error("cannot serve metrics: %s: %s", self.config.metrics.web_config, exc)
             return
         self.metrics = server
 
@@ -223,6 +227,12 @@ class Daemon:
         if cfg.metrics.listen != old_listen and (self.metrics is not None or old_listen):
             self.stop_metrics()
             self.start_metrics()
+        elif self.metrics is not None:  # the web config file may have changed (a renewed certificate)
+            try:
+                self.metrics.configure(new.web, cfg.metrics.max_connections)
+            except ValueError as exc:
+                log.error("reload: keeping the metrics port's previous TLS settings: %s: %s",
+                          cfg.metrics.web_config, exc)
         self.samplers.close()
         self.samplers = Samplers.from_config(cfg, self.clock, nvml=self.nvml, follow_logs=True)
         self.diagnoser.close()

@@ -1,23 +1,24 @@
-"""Pages served next to /metrics on the metrics port (the daemon's /status page), and the HTTP server of that port.
+"""Pages served next to /metrics on the metrics port (the daemon's /status page), and the answer to one
+request on that port.
 
 The metrics app (surfaces/exposition.py) keeps every other path; a page is a function returning its HTML,
-called per request on the HTTP thread (it must only read immutable or its own data).
+called per request on a worker thread (it must only read immutable or its own data).
 
-The server speaks HTTP/1.1 with keep-alive: Prometheus keeps its scrape connection open, so a scrape costs
-neither an accept nor a thread start. wsgiref closed the connection after each request and built a full
-WSGI environ (a copy of the process environment) for it: 0.4-0.6 ms of server CPU a scrape, against
-0.1-0.2 ms now on a kept connection. The apps are still WSGI callables, given the environ keys they read.
+The server (surfaces/httpserver.py) hands over a complete request head; `answer` parses it with http.server's
+parser and returns the whole response, which the server writes within the request's deadline. The apps are
+WSGI callables, given the environ keys they read: a full WSGI environ (a copy of the process environment, as
+wsgiref built) cost 0.4-0.6 ms of CPU a scrape.
 """
 
 from __future__ import annotations
 
+import io
 import logging
-import socket
-import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable, Iterable, Mapping
 from urllib.parse import unquote
+
+from trainguard.surfaces.access import Access
 
 log = logging.getLogger(__name__)
 Page = Callable[[], str]
@@ -29,45 +30,65 @@ def with_pages(app: Callable, pages: Mapping[str, Page]) -> Callable:
         page = pages.get(environ.get("PATH_INFO", ""))
         if page is None:
             return app(environ, start_response)
-        body = page().encode()  # a page that raises is a 500 for that request, as any app error (Handler.answer)
+        body = page().encode()  # a page that raises is a 500 for that request, as any app error (Exchange.answer)
         start_response("200 OK", [("Content-Type", "text/html; charset=utf-8"), ("Content-Length", str(len(body))),
                                   ("Cache-Control", "no-store")])
         return [body]
     return wsgi
 
 
-class Handler(BaseHTTPRequestHandler):
-    """Every request of a connection, each answered by the server's WSGI app."""
+def answer(head: bytes, app: Callable, access: Access) -> tuple[bytes, bool]:
+    """(the response to the request `head`, whether the connection stays open for the next one)."""
+    exchange = Exchange(head, app, access)
+    return exchange.wfile.getvalue(), not exchange.close_connection
+
+
+class Exchange(BaseHTTPRequestHandler):
+    """One request, answered by the WSGI app into a buffer."""
 
     protocol_version = "HTTP/1.1"
     default_request_version = "HTTP/1.0"  # a malformed request line still gets a status line (0.9 answers have none)
-    # A connection idle this long is closed, and so is one stalled inside a request: neither holds its thread
-    # for good. Longer than any usual scrape interval, so Prometheus' connection lives from scrape to scrape.
-    timeout = 120.0
-    disable_nagle_algorithm = True  # headers and body are two writes: the body must not wait for an ACK
-    server: Server
+
+    def __init__(self, head: bytes, app: Callable, access: Access):  # no socket: the server owns it
+        self.rfile, self.wfile = io.BytesIO(head), io.BytesIO()
+        self.app, self.access = app, access
+        self.close_connection = True
+        self.handle_one_request()
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("do_"):  # every method goes to the app, which answers 405 to those it does not serve
             return self.answer
         raise AttributeError(name)
 
+    def send_response(self, code: int, message: str | None = None) -> None:
+        super().send_response(code, message)
+        for name, value in self.access.headers:  # the web config's headers go on every answer, errors included
+            self.send_header(name, value)
+
     def answer(self) -> None:
+        if not self.access.allows(self.headers.get("Authorization")):
+            self.close_connection = True  # only an authorised client keeps a connection (httpserver.py)
+            self.reply("401 Unauthorized", [("WWW-Authenticate", "Basic"), ("Content-Type", "text/plain; charset=utf-8")],
+                       b"Unauthorized\n")
+            return
         path, _, query = self.path.partition("?")
         environ = {"REQUEST_METHOD": self.command, "PATH_INFO": unquote(path, "iso-8859-1"), "QUERY_STRING": query,
                    "HTTP_ACCEPT_ENCODING": self.headers.get("Accept-Encoding", ""),
                    "SERVER_PROTOCOL": self.request_version}
         started: list = []
 
-        def start_response(status: str, headers: list, exc_info: Any = None) -> None:
+        def start_response(status: str, headers: list, _exc_info: Any = None) -> None:
             started[:] = status, headers
 
         try:
-            body = b"".join(self.server.app(environ, start_response))
+            body = b"".join(self.app(environ, start_response))
             status, headers = started
         except Exception:  # an app bug is a 500 for that request, not a dead metrics endpoint
             log.exception("%s %s failed", self.command, path)
             body, status, headers = ERROR_BODY, "500 Internal Server Error", [("Content-Type", "text/plain")]
+        self.reply(status, headers, body)
+
+    def reply(self, status: str, headers: list, body: bytes) -> None:
         code, _, reason = status.partition(" ")
         self.send_response(int(code), reason)
         length = str(len(body))  # HEAD: the app's own Content-Length, that of the body GET would get
@@ -88,69 +109,3 @@ class Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:  # scrapes are not news
         pass
-
-
-class Server(ThreadingHTTPServer):
-    """A thread per connection; server_close() also ends the connections still open (an idle keep-alive
-    one included), so a stopped server answers no more scrapes, e.g. after its listen address changed."""
-
-    daemon_threads = True  # none of them holds up the daemon's exit
-
-    def __init__(self, address: tuple, app: Callable, family: int):
-        self.address_family = family
-        self.app = app
-        self._open: set[socket.socket] = set()
-        self._open_lock = threading.Lock()
-        super().__init__(address, Handler)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        with self._open_lock:
-            self._open.add(request)
-        super().process_request(request, client_address)
-
-    def shutdown_request(self, request: Any) -> None:
-        with self._open_lock:
-            self._open.discard(request)
-        super().shutdown_request(request)
-
-    def server_close(self) -> None:
-        super().server_close()
-        with self._open_lock:
-            for conn in self._open:
-                try:
-                    conn.shutdown(socket.SHUT_RDWR)  # wakes its thread, waiting for the next request, with EOF
-                except OSError:
-                    pass
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        if not isinstance(sys.exc_info()[1], ConnectionError):  # a client gone mid-answer is its own business
-            log.exception("HTTP connection from %s failed", client_address)
-
-
-def serve(host: str, port: int, app: Callable) -> tuple[Server, threading.Thread]:
-    """The HTTP server of `app` on (host, port) in a daemon thread, IPv6 addresses included."""
-    family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-    httpd = Server((sockaddr[0], port), app, family)
-    # serve_forever looks for a shutdown request every poll_interval; the default 0.5 s woke an idle
-    # daemon twice a second, more CPU than its cycles. shut_down() wakes it with a connection instead.
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 3600.0}, daemon=True)
-    thread.start()
-    return httpd, thread
-
-
-def shut_down(httpd: Server, thread: threading.Thread, timeout: float = 5.0) -> None:
-    """Stop serve_forever now: ask, then connect until its loop has seen the request."""
-    asking = threading.Thread(target=httpd.shutdown, daemon=True)
-    asking.start()
-    host, port = httpd.server_address[:2]
-    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
-    for _ in range(int(timeout / 0.05)):
-        try:
-            socket.create_connection((host, port), timeout=0.5).close()
-        except OSError:
-            pass
-        asking.join(0.05)
-        if not asking.is_alive():
-            break
-    httpd.server_close()
-    thread.join(timeout=timeout)

@@ -9,10 +9,13 @@ scraped daemon, the usual one, then grew by 0.6 MiB.
 from __future__ import annotations
 
 import logging
-import threading
+import resource
 from typing import Callable, Mapping
 
-from trainguard.surfaces.pages import serve, shut_down, with_pages
+from trainguard.config.web import WebConfig
+from trainguard.surfaces.access import Access
+from trainguard.surfaces.httpserver import HttpServer
+from trainguard.surfaces.pages import with_pages
 from trainguard.surfaces.readings import Readings
 
 log = logging.getLogger(__name__)
@@ -22,29 +25,51 @@ class MetricsServer:
     """The /metrics HTTP endpoint in its own threads; start() binds, stop() releases the port."""
 
     def __init__(self, source: Callable[[], Readings | None], address: tuple[str, int], *,
-                 pages: Mapping[str, Callable[[], str]] | None = None):
+                 pages: Mapping[str, Callable[[], str]] | None = None, web: WebConfig | None = None,
+                 max_connections: int = 16):
         self.source = source
         self.address = address
         self.pages = dict(pages or {})  # path -> HTML (surfaces/pages.py), e.g. the daemon's /status
-        self._httpd = None
-        self._thread: threading.Thread | None = None
+        self.web = web  # TLS, users and headers (config/web.py); None: plain HTTP, open to all
+        self.max_connections = max_connections
+        self._httpd: HttpServer | None = None
 
     @property
     def port(self) -> int:
         """The bound port (useful with port 0 in tests)."""
-        return self._httpd.server_address[1] if self._httpd is not None else self.address[1]
+        return self._httpd.port if self._httpd is not None else self.address[1]
 
     def start(self) -> None:
+        """Bind and serve; OSError when the port cannot be bound, ValueError when a TLS file cannot be loaded."""
         from trainguard.surfaces.exporter import ReadingsCollector
         from trainguard.surfaces.exposition import MetricsApp
 
         app = MetricsApp(ReadingsCollector(self.source).collect, self.source)
         host, port = self.address
-        self._httpd, self._thread = serve(host, port, with_pages(app, self.pages))
-        self._thread.name = "metrics-http"
-        log.info("serving metrics on http://%s:%d/metrics", f"[{host}]" if ":" in host else host, self.port)
+        access = Access(self.web)
+        self._httpd = HttpServer(host, port, with_pages(app, self.pages), access, self.max_connections)
+        self._httpd.start()
+        self._check_fd_limit()
+        scheme = "https" if access.context is not None else "http"
+        log.info("serving metrics on %s://%s:%d/metrics%s", scheme, f"[{host}]" if ":" in host else host, self.port,
+                 " (basic auth)" if access.users else "")
+
+    def configure(self, web: WebConfig | None, max_connections: int) -> None:
+        """Take a reloaded web config and connection cap without closing the port (ValueError: kept as it was)."""
+        access = Access(web)
+        if self._httpd is not None:
+            self._httpd.configure(access, max_connections)
+        self.web, self.max_connections = web, max_connections
+        self._check_fd_limit()
+
+    def _check_fd_limit(self) -> None:
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and self.max_connections > soft // 4:
+            log.warning("metrics.max_connections = %d is more than a quarter of the open-file limit (%d): "
+                        "connections could leave cleanup and the state database without file descriptors; "
+                        "lower it or raise LimitNOFILE", self.max_connections, soft)
 
     def stop(self) -> None:
-        if self._httpd is not None and self._thread is not None:
-            shut_down(self._httpd, self._thread)
-        self._httpd = self._thread = None
+        if self._httpd is not None:
+            self._httpd.stop()
+        self._httpd = None
