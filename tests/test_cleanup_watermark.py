@@ -51,7 +51,7 @@ def usage(mount: Path):
     return usage_from_statvfs(os.statvfs(mount))
 
 
-def config(tmp_path: Path, mount: Path, low: str, interval: str = "10s") -> Path:
+def config(tmp_path: Path, mount: Path, low: str, interval: str = "10s", more: str = "") -> Path:
     path = tmp_path / "config.toml"
     path.write_text(f"""
 [general]
@@ -76,7 +76,7 @@ high = "85%"
 low = "{low}"
 age_by = ["mtime"]
 grace = "0s"
-""")
+{more}""")
     return path
 
 
@@ -111,9 +111,13 @@ def test_past_max_delete_a_run_deletes_up_to_the_bound_says_so_and_the_next_cycl
     assert needed > 10_000
     cfg = config(tmp_path, tmpfs_mount, "30%", interval="1s")
 
+    now = f"a watermark run now takes 10000 files (39.1 MiB), oldest first, of about {needed} files"
     dry = trainguard("--config", str(cfg), "cleanup", "--dry-run")
-    assert (f"a watermark run now takes 10000 files (39.1 MiB), oldest first, of about {needed} files"
-            in dry.stdout), dry.stdout
+    assert now in dry.stdout, dry.stdout
+    (tmp_path / "s").mkdir()
+    scheduled = config(tmp_path / "s", tmpfs_mount, "30%", more='schedule = "1d"')  # its dry run is the plain one
+    dry = trainguard("--config", str(scheduled), "cleanup", "--dry-run")
+    assert "stopped, nothing deleted: 22000 files" in dry.stdout and now in dry.stdout, dry.stdout
     assert all(left(made)), "a dry run deletes nothing"
 
     with Daemon("--config", str(cfg), "--state-dir", str(tmp_path / "state")) as daemon:

@@ -102,7 +102,8 @@ class AgeKind:
     def planned(plan: AgePlan, need: int | None) -> Planned:
         """A watermark run has no plain part; a plain run of a capped cache has both."""
         plain = (plan.expired_files, plan.expired_bytes) if need is None else (0, 0)
-        return Planned(*plain, data=plan, need_files=plan.needed()[0], need_bytes=plan.needed()[1])
+        files, nbytes = plan.needed()
+        return Planned(*plain, data=plan, need_files=files, need_bytes=nbytes)
 
     def execute(self, ctx: Ctx, root: Root, planned: Planned, need: int | None) -> None:
         plan: AgePlan = planned.data

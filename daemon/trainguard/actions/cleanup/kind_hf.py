@@ -5,8 +5,8 @@ Layout (huggingface_hub's documented cache): <repo>/refs/<ref> holds a commit ha
 revisions (snapshots no ref points to) go with the blobs only they use, when unused for
 older_than, or, when space must be freed (a watermark, over max_size), oldest first as far as
 the need takes them; then whole repos by last use, as the age kind judges cache units. A repo
-with any file open or mapped by a process is never touched, nor one changed within grace. Everything is opened relative to the root's fd,
-never through a symlink or a mount point.
+with any file open or mapped by a process is never touched, nor one changed within grace.
+Everything is opened relative to the root's fd, never through a symlink or a mount point.
 """
 
 from __future__ import annotations

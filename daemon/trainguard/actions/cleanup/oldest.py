@@ -56,7 +56,6 @@ class Oldest:
         self.dirs: list[tuple[str, str, os.stat_result]] = []  # (relpath, name in parent, lstat), as counted
         self.files = self.bytes = self.memory = 0
         self.floor = -math.inf  # an entry this young or younger is never taken again
-        self.short = False  # the memory budget, not the need or max_delete, made entries go
         self._seen = 0
         self._lst: walker.Listing | None = None
         self._dir = -1
@@ -83,11 +82,9 @@ class Oldest:
         heap = self.heap
         while heap:
             top = heap[0][2]
-            memory = self.memory > self.budget
-            if not (memory or 0 <= self.max_files < self.files or 0 <= self.max_bytes < self.bytes
+            if not (self.memory > self.budget or 0 <= self.max_files < self.files or 0 <= self.max_bytes < self.bytes
                     or (self.need is not None and self.bytes - top.bytes >= self.need)):
                 return
-            self.short = self.short or (memory and self.need is not None and self.bytes - top.bytes < self.need)
             heapq.heappop(heap)
             self.files -= top.files
             self.bytes -= top.bytes
@@ -96,7 +93,7 @@ class Oldest:
 
     def capped(self) -> bool:
         """Whether a bound or the memory budget made an entry go that the need (if known) wanted."""
-        return self.floor > -math.inf and (self.need is None or self.bytes < self.need or self.short)
+        return self.floor > -math.inf and (self.need is None or self.bytes < self.need)
 
     def chosen(self) -> list[Entry]:
         """Oldest first."""

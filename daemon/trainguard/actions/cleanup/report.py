@@ -67,7 +67,7 @@ class CleanupReport:
     bytes: int
     skipped: Mapping[str, int] = field(default_factory=dict)  # reason -> count
     guard: str = ""  # non-empty: max_delete refused a plain run's due entries; none of them was deleted
-    bounded: str = ""  # non-empty: max_delete cut short what a watermark or size cap needs (what is left, what to raise)
+    bounded: str = ""  # non-empty: max_delete cut short what a watermark or size cap needs (what is left, to raise)
     needed_files: int = 0  # what the watermark or size cap needs, oldest first (past max_delete: estimated)
     needed_bytes: int = 0
     max_delete: str = ""  # the policy's bound, as written for people ("10000 files")
@@ -237,14 +237,22 @@ def summary_lines(report: CleanupReport) -> list[str]:
     if report.top_dirs:
         lines.append("  top directories: " + ", ".join(
             f"{printable(d)} ({format_bytes(b)}, {f} files)" for d, b, f in report.top_dirs))
-    if report.dry_run and report.needed_bytes and report.trigger in ("manual", "watermark"):
-        lines.append(f"  a watermark run now takes {report.files} files ({format_bytes(report.bytes)}), oldest "
-                     f"first, of about {report.needed_files} files ({format_bytes(report.needed_bytes)}) it needs")
+    if report.dry_run and report.goal == "low" and report.needed_bytes:
+        lines.append("  " + watermark_now(report))
     if not report.files and not report.guard:
         lines.append(f"  nothing {'would go' if report.dry_run else 'went'}: {why_nothing(report)}")
     elif report.holders:
         lines.append("  open files kept: " + ", ".join(report.holders))
     return lines
+
+
+def watermark_now(report: CleanupReport) -> str:
+    """What a watermark run would take now, from a dry run of one (the CLI's summary)."""
+    if not report.needed_bytes:
+        notes = "; ".join(r.note for r in report.roots if r.note)
+        return f"a watermark run now takes nothing{': ' + notes if notes else ''}"
+    return (f"a watermark run now takes {report.files} files ({format_bytes(report.bytes)}), oldest first, of about "
+            f"{report.needed_files} files ({format_bytes(report.needed_bytes)}) it needs")
 
 
 def findings_for(report: CleanupReport) -> list[Finding]:

@@ -163,7 +163,9 @@ class CleanupRunner:
             reports.append(RootReport(root.path, root.mount, ctx.tally.files - before[0],
                                       ctx.tally.bytes - before[1], usage.used_ratio, after, planned.note))
         reports += [RootReport(path, "", note=note) for path, note in notes.items()]
-        goal = ("low", policy.low) if watermark else ("max_size", float(getattr(policy, "max_size", 0) or 0))
+        goal = ("low", policy.low) if watermark else ("", 0.0)
+        if not watermark and any(needed):  # a size cap
+            goal = ("max_size", float(getattr(policy, "max_size", None) or 0))
         done = ctx.tally.files, ctx.tally.bytes
         bounded = bounded_note(policy, done, needed, goal, ctx.dry_run) if any(needed) else ""
         return self._report(ctx, trigger, started, tuple(reports), (guard, bounded),
@@ -187,7 +189,7 @@ class CleanupRunner:
             finished=self.clock(), roots=roots, files=t.files, bytes=t.bytes, skipped=dict(t.skipped),
             guard=guards[0], bounded=guards[1], needed_files=needed[0], needed_bytes=needed[1],
             max_delete=max_delete_text(ctx.policy.max_delete) if ctx.policy.max_delete else "",
-            goal=goal[0] if any(needed) else "", goal_value=goal[1],
+            goal=goal[0], goal_value=goal[1],
             items=tuple(t.items), planned_files=planned[0], planned_bytes=planned[1],
             uninspected=len(ctx.tools.open_files.uninspected), dirs_removed=t.dirs, blocked=tuple(t.blocked), blocked_paths=tuple(t.blocked_paths), top_dirs=t.top_dirs(), holders=tuple(t.holders.values()),
         )
