@@ -74,6 +74,11 @@ SAMPLES = {
                              details={"roots": [], "trigger": "usage", "skipped": {}, "blocked": [],
                                       "planned_files": 412, "planned_bytes": 310 * GiB},
                              labels={"policy": "checkpoints"}),
+    "cleanup.bounded": Finding("cleanup.bounded:pip", Severity.WARNING, "s", details={
+        "roots": [{"root": "/root/.cache/pip", "mount": "/", "files": 10000, "bytes": 39 * 2**20}],
+        "trigger": "watermark", "skipped": {}, "needed_files": 14336, "needed_bytes": 56 * 2**20,
+        "left_bytes": 17 * 2**20, "max_delete": "10000 files", "goal": "low", "goal_value": 0.3},
+        labels={"policy": "pip", "mountpoint": "/"}),
     "cleanup.report": Finding("cleanup.report:checkpoints", Severity.INFO, "s", details={
         "roots": [{"root": "/data/ckpt", "mount": "/data", "files": 12, "bytes": 96 * GiB}],
         "trigger": "usage", "skipped": {}}, labels={"policy": "checkpoints", "mountpoint": "/data"}),
@@ -270,10 +275,14 @@ def test_the_findings_the_code_builds_carry_what_their_renderers_read(tmp_path):
                            (RootReport(str(tmp_path), "/data", 3, 9 * GiB),), 0, 0, guard="412 files would exceed",
                            planned_files=412, planned_bytes=310 * GiB, blocked=(f"{tmp_path} is read-only",))
     built += findings_for(report)
+    built += findings_for(CleanupReport("pip", "pip-cache", "watermark", False, T0, T0 + 1,
+                                        (RootReport(str(tmp_path), "/data", 10, 40960),), 10, 40960,
+                                        bounded="max_delete 10 files reached", needed_files=25, needed_bytes=102400,
+                                        max_delete="10 files", goal="max_size", goal_value=2**20))
     view = FileView(5, "/mnt/nfs/runs/events.out.tfevents.1", "tfevents", "/mnt/nfs", "nfs4", "network", None, True)
     built.append(_finding(GpuProcessRef(4242, 1), "python3 train.py", "/mnt/nfs", [view]))
     assert {f.kind for f in built} >= {*FINDING_KINDS, "state.unwritable", "cleanup.guard", "cleanup.blocked",
-                                       "gpu.risky_write"}
+                                       "cleanup.bounded", "gpu.risky_write"}
     for f in built:
         for lang in ("en", "zh"):
             assert not texts_for(f, tr(lang)).fallback, (f.kind, lang)

@@ -76,8 +76,9 @@ class DiskFillRun:
 
 def run_disk_fill(workdir: Path, mountpoint: Path, *, workload: DiskFillWorkload = DiskFillWorkload(),
                   receiver: HttpReceiver | None = None, guarded: bool = True,
-                  settle_timeout: float = 60.0) -> DiskFillRun:
-    """Run the scenario A trainer on ``mountpoint``; with ``guarded``, under a real ``trainguard run``.
+                  settle_timeout: float = 60.0, extra_config: str = "") -> DiskFillRun:
+    """Run the scenario A trainer on ``mountpoint``; with ``guarded``, under a real ``trainguard run``
+    (its config: the scenario's, then ``extra_config``).
 
     After the trainer exits, a guarded run waits (up to ``settle_timeout``) for the
     forecast alert to resolve and then two more cycles, so late or duplicate
@@ -88,7 +89,7 @@ def run_disk_fill(workdir: Path, mountpoint: Path, *, workload: DiskFillWorkload
     with Processes(workdir / "procs") as procs:
         daemon: Trainguard | None = None
         if guarded:
-            daemon = procs.trainguard(disk_fill_config(mountpoint, receiver.url if receiver else None))
+            daemon = procs.trainguard(disk_fill_config(mountpoint, receiver.url if receiver else None) + extra_config)
             wait_until(lambda: len(recorded_points(daemon.state_dir, avail_series)) >= 2, 30,
                        "trainguard watching the disk", abort=daemon.died)
         trainer = procs.python(*workload.trainer_args(mountpoint, manifest), name="trainer")

@@ -11,7 +11,7 @@ from trainguard.cli.common import EXIT_CONFIG, EXIT_CRITICAL, EXIT_OK, load
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
     from trainguard.actions.cleanup.audit import AuditLog
-    from trainguard.actions.cleanup.report import printable, summary_lines
+    from trainguard.actions.cleanup.report import printable, summary_lines, watermark_now
     from trainguard.actions.cleanup.runner import CleanupRunner, Item
     from trainguard.store.state import SCHEMA, StateDb, StateDirError, choose_state_dir
     from trainguard.units import format_bytes, format_duration
@@ -56,6 +56,9 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     for policy in chosen:
         report = runner.run(policy, trigger="manual", dry_run=args.dry_run, on_item=show if args.verbose else None)
         print("\n".join(summary_lines(report)))
+        if args.dry_run and policy.watermark and policy.schedule is not None:  # that was its scheduled run
+            now = runner.run(policy.model_copy(update={"schedule": None}), trigger="manual", dry_run=True)
+            print("  " + watermark_now(now))
         if report.guard:
             status = EXIT_CRITICAL
     if audit is not None:

@@ -66,7 +66,8 @@ def _run_locked(args: argparse.Namespace, loaded: configmod.Loaded, daemon, earl
         status = result.snapshot.gpu_status
         if status is not None and status.state.value not in ("ok", "off"):
             print(f"GPU: {one_shot_reason(status)}")
-        for f in sorted(result.findings, key=lambda f: (-f.severity.rank, f.key)):
+        cleanup = [e.finding for e in result.events if e.finding.key.startswith("cleanup.")]
+        for f in sorted([*result.findings, *cleanup], key=lambda f: (-f.severity.rank, f.key)):
             print(f"[{f.severity.value.upper()}] {f.summary} ({f.key})")
         if not result.findings:
             print(f"no findings on {len(result.snapshot.filesystems)} filesystems")

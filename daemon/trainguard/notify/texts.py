@@ -194,18 +194,42 @@ def _disk_saturated(f: Finding, _: Gettext) -> Texts:
 @renders("cleanup.guard")
 def _cleanup_guard(f: Finding, _: Gettext) -> Texts:
     policy, d = f.labels["policy"], f.details
-    if d.get("planned_files") is not None:
+    if d.get("planned_files") is not None:  # what a size cap needed went ahead: not counted here
         why = _("It would delete {files} files ({size}), more than this policy's max_delete allows.").format(
-            files=d["planned_files"], size=format_bytes(d.get("planned_bytes") or 0))
+            files=d["planned_files"] - (d.get("needed_files") or 0),
+            size=format_bytes((d.get("planned_bytes") or 0) - (d.get("needed_bytes") or 0)))
     else:  # a finding from before the facts were kept: the guard's own words
         why = f.summary.split(": ", 1)[1] if ": " in f.summary else ""
+    went = sum(int(r.get("files") or 0) for r in d.get("roots") or [])
     return Texts(
         fact=_("cleanup {policy} stopped").format(policy=policy),
         subject=_("cleanup {policy}").format(policy=policy),
-        what=_("Cleanup {policy} stopped before deleting anything.").format(policy=policy),
+        what=(_("Cleanup {policy} kept the entries due by older_than, deleting only what max_size "
+                "needed.") if went else _("Cleanup {policy} stopped before deleting anything.")).format(policy=policy),
         why=why,
         step=_("Check it with: trainguard cleanup --dry-run --policy {policy}; if the list is right, "
                "raise max_delete for this policy.").format(policy=policy))
+
+
+@renders("cleanup.bounded")
+def _cleanup_bounded(f: Finding, _: Gettext) -> Texts:
+    policy, d = f.labels["policy"], f.details
+    roots = d.get("roots") or []
+    files, freed = sum(int(r.get("files") or 0) for r in roots), sum(int(r.get("bytes") or 0) for r in roots)
+    if d.get("goal") == "low":
+        goal = _("the {low} watermark").format(low=format_ratio(float(d.get("goal_value") or 0)))
+    else:
+        goal = _("max_size {size}").format(size=format_bytes(int(d.get("goal_value") or 0)))
+    return Texts(
+        fact=_("cleanup {policy} stopped at max_delete").format(policy=policy),
+        subject=_("cleanup {policy}").format(policy=policy),
+        what=_("Cleanup {policy} deleted {files} files ({freed}), oldest first, and stopped at max_delete "
+               "({limit}): {left} more must go to reach {goal}, about {needed} files in all.").format(
+            policy=policy, files=files, freed=format_bytes(freed), limit=d.get("max_delete") or "-",
+            left=format_bytes(int(d.get("left_bytes") or 0)), goal=goal, needed=d.get("needed_files") or 0),
+        why=_("One run never deletes more than max_delete; the next run goes on from the oldest files left."),
+        step=_("If these files may go, raise max_delete for this policy (or set max_delete = false); "
+               "trainguard cleanup --dry-run --policy {policy} shows what a run takes now.").format(policy=policy))
 
 
 @renders("cleanup.report")

@@ -123,6 +123,8 @@ class Daemon:
         # its diagnosis at most the diagnoser's deadline.
         self.diagnoser.observe(snapshot)
         findings = self.diagnoser.enrich(findings, snapshot, now) + self.diagnoser.placement(snapshot, now)
+        if self.one_shot and self.cleanup is not None:
+            self.cleanup.settle()  # one cycle is its cleanup too: every due policy run, reported here
         reports = self.cleanup.drain() if self.cleanup is not None else []
         events = self.cleanup_notes.join(self.lifecycle.update(findings, now), reports, now)
         events += [AlertEvent(AlertStatus.FIRING, f, started_at=now, ts=now) for f in self.guard_inbox.drain()]

@@ -51,7 +51,7 @@ typedef struct {
     int delete;  /* 0: count (a dry run: an open entry is kept whatever its age); 1: unlink */
     long long max_files, max_bytes;  /* delete: what this batch may still unlink (max_delete), -1: no bound */
     long long need_bytes;  /* delete: stop once this much is freed (a watermark, a size cap), -1: none */
-    int listed;  /* count: also hand back the due entries (a listing dry run, a histogram) */
+    int listed;  /* count: also hand back the due entries (a listing dry run, the oldest a need takes) */
     long long files, bytes;  /* delete: unlinked so far in this batch */
 } rule_t;
 

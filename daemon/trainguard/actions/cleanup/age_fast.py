@@ -5,7 +5,7 @@ a cache's own files), cache units (judged whole: age_units.py) and held locks, t
 count, skip, report and audit row. kind_age.py decides which passes a run makes; a count judges a
 directory's subdirectories on several threads (ahead.py).
 
-A pass counts (a plan, a dry run; `listed` also hands back each due entry, for a histogram or a
+A pass counts (a plan, a dry run; `listed` also hands back each due entry, for the oldest a need takes or a
 listing) or deletes (due from `older_than`, within a Bound). Before each batch the directory's
 place below the root is checked again: one that left it is not judged further. A test hook
 sees "batch" (relative directory) before each batch; the Python judge also calls it with

@@ -40,7 +40,7 @@ class Rule(NamedTuple):
     dev: int  # the root's filesystem
     age_mask: int  # 0: st_mtime itself; else the newest of the AGE_BITS fields
     now: float
-    older_than: float  # due from this age (-inf: every eligible entry, for a histogram)
+    older_than: float  # due from this age (-inf: every eligible entry, for the oldest a need takes)
     changed_after: float  # changed later than this: within grace
 
 

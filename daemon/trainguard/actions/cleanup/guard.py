@@ -98,12 +98,46 @@ def reached(o: OpenedRoot, need: int, freed: int, dry_run: bool, low: float) -> 
     return usage_from_statvfs(os.fstatvfs(o.fd)).used_ratio <= low
 
 
+# max_delete meets two kinds of run. A plain run (a schedule, `trainguard cleanup`) takes every due entry:
+# there it is the runaway guard, all or nothing, for a root misconfigured so that most of the disk is due.
+# A run that must free space (a watermark, a size cap) takes only what its need takes, oldest first:
+# there it bounds one run and is never a reason to delete nothing; the disk must not fill.
+
+
+def max_delete_text(limit) -> str:
+    return f"{limit.files} files" if limit.files is not None else format_bytes(limit.bytes)
+
+
 def max_delete_guard(policy, files: int, nbytes: int) -> str:
-    """Non-empty when the planned deletion exceeds max_delete: then nothing is deleted."""
+    """Non-empty when a plain run's due entries exceed max_delete: then none of them is deleted."""
     limit = policy.max_delete
     if limit is None or not limit.exceeded_by(files, nbytes):
         return ""
-    text = f"{limit.files} files" if limit.files is not None else format_bytes(limit.bytes)
-    guard = f"{files} files ({format_bytes(nbytes)}) would exceed max_delete {text}"
+    guard = f"{files} files ({format_bytes(nbytes)}) would exceed max_delete {max_delete_text(limit)}"
     log.warning("cleanup %s: stopped, nothing deleted: %s", policy.name, guard)
     return guard
+
+
+def allowed(limit, tally: Tally) -> tuple[int, int]:
+    """(files, bytes) max_delete still allows this run, every root so far counted; -1: no bound."""
+    if limit is None:
+        return -1, -1
+    return (-1 if limit.files is None else max(0, limit.files - tally.files),
+            -1 if limit.bytes is None else max(0, limit.bytes - tally.bytes))
+
+
+def bounded_note(policy, done: tuple[int, int], needed: tuple[int, int], goal: tuple[str, float],
+                 dry_run: bool = False) -> str:
+    """Non-empty when max_delete cut short a run that must free space (needed: what its need takes,
+    done: what went, goal: ("low", ratio) or ("max_size", bytes)): what went, what is left to free,
+    and the setting to raise."""
+    limit = policy.max_delete
+    if limit is None or not limit.exceeded_by(*needed):
+        return ""
+    left = max(0, needed[1] - done[1])
+    target = f"reach {goal[1]:.0%}" if goal[0] == "low" else f"get under max_size {format_bytes(int(goal[1]))}"
+    went = "would go" if dry_run else "deleted"
+    note = (f"max_delete {max_delete_text(limit)} reached: {done[0]} of about {needed[0]} files {went}, oldest "
+            f"first; {format_bytes(left)} more to free to {target}; raise max_delete for this policy")
+    log.warning("cleanup %s: %s", policy.name, note)
+    return note

@@ -8,8 +8,10 @@ is kept per file but a guarded run's due names (remembered.py, bounded), so memo
   guard allows it, the deletion of only that, bounded by max_delete: never more than the guard
   allowed, even if more became due in between. Past remembered.BUDGET, a second (deleting) walk.
 - a dry run: the counting pass is the answer.
-- a watermark run or a size cap: a pass that builds an age histogram (constant memory), then a
-  deleting pass from the cutoff age that frees what is needed, stopping once it is freed.
+- a watermark run or a size cap: a counting pass that keeps the oldest entries the need takes
+  (oldest.py: at most what max_delete allows, in bounded memory), then the deletion of exactly those,
+  oldest first, stopping once the need is freed. A plain run of a capped cache then expires its
+  due entries as above, unless max_delete refused them.
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from trainguard.actions.cleanup import oldest
 from trainguard.actions.cleanup import policies as sel
 from trainguard.actions.cleanup import remembered
 from trainguard.actions.cleanup.age_fast import Pass
 from trainguard.actions.cleanup.agerules import NO_LIMIT, Bound
-from trainguard.actions.cleanup.guard import Root
+from trainguard.actions.cleanup.guard import Root, allowed
 from trainguard.actions.cleanup.plan import Ctx, Planned, full_path
 from trainguard.config import AgePolicy
 from trainguard.units import format_bytes
@@ -29,18 +32,40 @@ from trainguard.units import format_bytes
 
 @dataclass(slots=True)
 class AgePlan:
-    """The counting pass's result: counts and histograms, no per-file state."""
+    """The counting pass's result: counts, and for a need the oldest entries it takes."""
 
     expired_files: int = 0
     expired_bytes: int = 0
-    hist: sel.AgeHistogram = field(default_factory=sel.AgeHistogram)  # due entries by age
+    total_files: int = 0  # every eligible entry (a need's count)
     total_bytes: int = 0  # cache size (for max_size)
-    cap_min_age: float = math.inf  # entries at least this old go to get under max_size
-    cap_need: int = 0
+    cap_need: int = 0  # bytes to free to get under max_size
+    need: int = 0  # a watermark's bytes to free
     young: int = 0  # eligible but newer than older_than
     inline_done: bool = False  # deleted during the counting pass (one pass)
     remembered: list | None = None  # where the due entries are (remembered.Remembering.dirs)
     problems: dict[str, int] = field(default_factory=dict)  # quiet skips seen while planning
+    selection: oldest.Oldest | None = None  # a need's count: the oldest entries and their directories
+    chosen: list[oldest.Entry] = field(default_factory=list)  # what the needs take, oldest first
+
+    def less(self, freed: int, older_than: float | None) -> None:
+        """Needs that `freed` bytes (gone before this plan runs) already meet in part: fewer chosen."""
+        self.need, self.cap_need = max(0, self.need - freed), max(0, self.cap_need - freed)
+        self.chosen = oldest.prefix(self.chosen, self.cap_need, self.need, _since(older_than))
+
+    def needed(self) -> tuple[int, int]:
+        """(files, bytes) the needs take: the chosen entries, and past a bound or the memory budget the
+        rest estimated at the eligible entries' mean size."""
+        files, nbytes = sum(e.files for e in self.chosen), sum(e.bytes for e in self.chosen)
+        if self.selection is None or not self.selection.capped():
+            return files, nbytes
+        cand_files, cand_bytes = ((self.total_files, self.total_bytes) if self.cap_need or not self.expired_files
+                                  else (self.expired_files, self.expired_bytes))
+        want = min(max(self.need, self.cap_need), cand_bytes)
+        if want <= nbytes:
+            return files, nbytes
+        if want == cand_bytes:
+            return cand_files, cand_bytes
+        return min(cand_files, files + math.ceil((want - nbytes) * cand_files / cand_bytes)), want
 
 
 class AgeKind:
@@ -62,128 +87,126 @@ class AgeKind:
             plan = AgePlan(p.files, p.bytes, young=p.young)
         else:
             p = Pass(ctx, root, -math.inf, reports=ctx.dry_run, listed=True)
-            hists = _Histograms(policy, need is not None or capped, capped)
-            p.on_gone = hists.add
+            count = _Count(policy, need, capped, allowed(policy.max_delete, ctx.tally))
+            p.on_gone = count.add
             p.run()
-            plan = hists.done()
+            plan = count.done()
         if p.busy:
             return Planned(note=p.busy)
         plan.problems = dict(p.scratch.skipped)
         if plan.young:
             ctx.tally.skipped["young"] = ctx.tally.skipped.get("young", 0) + plan.young
-        if need is None:
-            files, nbytes = plan.expired_files, plan.expired_bytes
-            if plan.cap_need:
-                _age, cf, cb = plan.hist.cutoff_for(plan.cap_need)
-                files, nbytes = max(files, cf), max(nbytes, cb)
-        else:
-            _age, files, nbytes = plan.hist.cutoff_for(need)
-        return Planned(files, nbytes, data=plan)
+        return self.planned(plan, need)
+
+    @staticmethod
+    def planned(plan: AgePlan, need: int | None) -> Planned:
+        """A watermark run has no plain part; a plain run of a capped cache has both."""
+        plain = (plan.expired_files, plan.expired_bytes) if need is None else (0, 0)
+        files, nbytes = plan.needed()
+        return Planned(*plain, data=plan, need_files=files, need_bytes=nbytes)
 
     def execute(self, ctx: Ctx, root: Root, planned: Planned, need: int | None) -> None:
         plan: AgePlan = planned.data
         problems = [plan.problems]
-        if plan.inline_done:
-            pass
+        if plan.chosen:  # what a need takes goes first, oldest first
+            problems.append(_delete_chosen(ctx, root, plan, need is not None))
+        if plan.inline_done or need is not None or ctx.refused:
+            pass  # done; a watermark run has no plain part; max_delete refused it
         elif ctx.dry_run and ctx.tally.on_item is None:
-            ctx.tally.files += planned.files  # the counting pass is the answer: no second scan
-            ctx.tally.bytes += planned.bytes
+            overlap = [e for e in plan.chosen if e.age >= _since(ctx.policy.older_than)]
+            ctx.tally.files += planned.files - sum(e.files for e in overlap)  # no second scan
+            ctx.tally.bytes += planned.bytes - sum(e.bytes for e in overlap)
         elif plan.remembered is not None:
             older_than = ctx.policy.older_than if ctx.policy.older_than is not None else math.inf
             problems.append(remembered.delete_remembered(ctx, root, plan.remembered, older_than,
                                                          Bound(*_left(ctx.policy.max_delete, ctx)),
                                                          ctx.policy.remove_empty_dirs))
-        else:
-            problems += _delete(ctx, root, plan, need)
+        elif ctx.policy.older_than is not None:
+            problems.append(_delete_expired(ctx, root, plan))
         for seen in problems:  # a skip seen in more than one pass counts once
             for reason, n in seen.items():
                 ctx.tally.skipped[reason] = max(ctx.tally.skipped.get(reason, 0), n)
 
 
-class _Histograms:
-    """A watermark's or a size cap's plan, from every eligible entry's (age, bytes) as a listing pass
-    hands them out: counts and histograms only, constant memory."""
+class _Count:
+    """A need's count (a watermark, a size cap), from every eligible entry's (name, bytes, age) as a
+    listing pass hands them out: totals, and the oldest entries the need takes (oldest.Oldest)."""
 
-    def __init__(self, policy, by_age: bool, capped: bool):
-        self.policy, self.by_age, self.plan = policy, by_age, AgePlan()
-        self.all_hist = sel.AgeHistogram() if capped else None
+    def __init__(self, policy, need: int | None, capped: bool, bound: tuple[int, int]):
+        self.policy, self.need, self.capped, self.plan = policy, need, capped, AgePlan()
+        # A watermark knows its need before the count, and takes only due entries; a size cap knows its
+        # need only after it, and takes any entry.
+        self.heap = oldest.Oldest(None if capped else need, *bound)
 
-    def add(self, _lst, gone: list[tuple[str, int, float]], files: int = 1) -> None:
-        plan, older_than, all_hist = self.plan, self.policy.older_than, self.all_hist
-        for _name, nbytes, age in gone:
-            plan.total_bytes += nbytes
-            if all_hist is not None:
-                all_hist.add(age, nbytes, files)
-            if older_than is None or age >= older_than:
-                if self.by_age:
-                    plan.hist.add(age, nbytes, files)
-                if older_than is not None:
-                    plan.expired_files += files
-                    plan.expired_bytes += nbytes
-            else:
-                plan.young += files
+    def add(self, lst, gone: list[tuple[str, int, float]], files: int = 1) -> None:
+        plan, older_than = self.plan, self.policy.older_than
+        due = gone
+        if older_than is not None:
+            due = [g for g in gone if g[2] >= older_than]
+            plan.young += (len(gone) - len(due)) * files
+            plan.expired_files += len(due) * files
+            plan.expired_bytes += sum(b for _n, b, _a in due)
+        plan.total_files += len(gone) * files
+        plan.total_bytes += sum(b for _n, b, _a in gone)
+        self.heap.add(lst, gone if self.capped else due, files)
 
     def done(self) -> AgePlan:
         plan, policy = self.plan, self.policy
-        if self.all_hist is not None and plan.total_bytes > policy.max_size:
+        if self.capped and plan.total_bytes > policy.max_size:
             plan.cap_need = plan.total_bytes - policy.max_size
-            plan.cap_min_age, _f, _b = self.all_hist.cutoff_for(plan.cap_need)
+        plan.need = self.need or 0
+        plan.selection = self.heap
+        plan.chosen = oldest.prefix(self.heap.chosen(), plan.cap_need, plan.need, _since(policy.older_than))
         return plan
 
 
-def _delete(ctx: Ctx, root: Root, plan: AgePlan, need: int | None) -> list[dict[str, int]]:
-    """The deleting (or, in a dry run, listing) passes; the quiet skips each saw."""
+def _since(older_than: float | None) -> float:
+    """The age from which a watermark may take an entry (any age without older_than)."""
+    return -math.inf if older_than is None else older_than
+
+
+def _delete_chosen(ctx: Ctx, root: Root, plan: AgePlan, watermark: bool) -> dict[str, int]:
+    """Delete (in a dry run: list) what the needs took, oldest first, within max_delete; the quiet skips."""
     policy = ctx.policy
-    limit = policy.max_delete
-    if need is not None:
-        min_age, _f, _b = plan.hist.cutoff_for(need)
-        # Histogram buckets are ~3 % wide: never let one reach below older_than.
-        passes = [(max(min_age, policy.older_than or 0.0), need, sel.age_reason(policy, True))]
+    need = max(plan.need, plan.cap_need)
+    p = Pass(ctx, root, plan.chosen[-1].age, delete=not ctx.dry_run,
+             bound=Bound(*allowed(policy.max_delete, ctx.tally), need))
+    if watermark:
+        p.reason = sel.age_reason(policy, True)
     else:
-        passes = [(policy.older_than if policy.older_than is not None else math.inf, NO_LIMIT,
-                   sel.age_reason(policy, False))]
-    if plan.cap_need:
-        cap = format_bytes(policy.max_size)
-        passes.append((plan.cap_min_age, plan.cap_need, f"{policy.type}: over max_size {cap}, least recently used first"))
-    seen, freed = [], 0
-    for n, (older_than, need_bytes, reason) in enumerate(passes):
-        if n and need_bytes != NO_LIMIT:
-            need_bytes -= freed  # a size cap: what the expired entries freed counts
-            if need_bytes <= 0:
-                break
-        bound = Bound(*_left(limit, ctx), need_bytes)
-        remove_dirs = isinstance(policy, AgePolicy) and policy.remove_empty_dirs and need is None and n == 0
-        p = Pass(ctx, root, older_than, delete=not ctx.dry_run, reports=not ctx.dry_run, listed=ctx.dry_run,
-                 bound=bound, remove_dirs=remove_dirs)
-        p.reason, p.watermark = reason, need is not None and n == 0
-        if ctx.dry_run:
-            p.on_gone = _lister(ctx, root, p, need_bytes)
-        p.run()
-        freed += p.freed
-        seen.append(dict(p.scratch.skipped))
-        if p.stopped and need_bytes == NO_LIMIT:
-            break  # the max_delete bound
-    return seen
+        p.reason = f"{policy.type}: over max_size {format_bytes(policy.max_size)}, least recently used first"
+    p.watermark = watermark and not plan.cap_need  # a watermark alone: the filesystem at low is enough too
+    oldest.delete(p, plan.selection.dirs, plan.chosen)
+    return dict(p.scratch.skipped)
+
+
+def _delete_expired(ctx: Ctx, root: Root, plan: AgePlan) -> dict[str, int]:
+    """A plain run's deleting walk (or, in a dry run, its listing) of what older_than made due, within
+    max_delete; the quiet skips it saw."""
+    policy = ctx.policy
+    p = Pass(ctx, root, policy.older_than, delete=not ctx.dry_run, reports=not ctx.dry_run, listed=ctx.dry_run,
+             bound=Bound(*_left(policy.max_delete, ctx)),
+             remove_dirs=isinstance(policy, AgePolicy) and policy.remove_empty_dirs)
+    p.reason = sel.age_reason(policy, False)
+    if ctx.dry_run:
+        listed = {(plan.selection.dirs[e.dir][0], e.name) for e in plan.chosen} if plan.selection else set()
+        p.on_gone = _lister(ctx, root, p, listed)
+    p.run()
+    return dict(p.scratch.skipped)
 
 
 def _left(limit, ctx: Ctx) -> tuple[int, int]:
-    """What max_delete still allows this run (every root and pass so far counted), -1: no limit."""
-    if limit is None or ctx.dry_run:
-        return NO_LIMIT, NO_LIMIT
-    files = NO_LIMIT if limit.files is None else max(0, limit.files - ctx.tally.files)
-    return files, NO_LIMIT if limit.bytes is None else max(0, limit.bytes - ctx.tally.bytes)
+    """What max_delete still allows a plain pass; a dry run of one shows every due entry."""
+    return (NO_LIMIT, NO_LIMIT) if ctx.dry_run else allowed(limit, ctx.tally)
 
 
-def _lister(ctx: Ctx, root: Root, p: Pass, need_bytes: int):
-    """A dry run's listing pass: each entry that would go, until what is needed is listed."""
+def _lister(ctx: Ctx, root: Root, p: Pass, listed: set[tuple[str, str]]):
+    """A dry run's listing pass: each entry that would go, but those a size cap already listed."""
 
-    def listed(lst, gone, files: int = 1) -> None:
+    def listing(lst, gone, files: int = 1) -> None:
         for name, nbytes, age in gone:
-            if need_bytes != NO_LIMIT and p.freed >= need_bytes:
-                p.stopped = True
-                return
-            p.freed += nbytes
-            ctx.went(root, full_path(root, lst.prefix + name), (nbytes, files), p.reason, age, files > 1 or
-                     lst.parent is None and p.units is not None and p.units(name, name))
+            if (lst.path, name) not in listed:
+                ctx.went(root, full_path(root, lst.prefix + name), (nbytes, files), p.reason, age, files > 1 or
+                         lst.parent is None and p.units is not None and p.units(name, name))
 
-    return listed
+    return listing

@@ -8,7 +8,7 @@ import stat as stat_mod
 
 from trainguard.actions.cleanup import unittree, walker
 from trainguard.actions.cleanup import policies as sel
-from trainguard.actions.cleanup.guard import Root, reached
+from trainguard.actions.cleanup.guard import Root, allowed, reached
 from trainguard.actions.cleanup.plan import Ctx, Planned, full_path
 from trainguard.actions.cleanup.safety import in_grace
 
@@ -23,14 +23,21 @@ class CheckpointsKind:
             ctx.tally.skipped["kept"] = ctx.tally.skipped.get("kept", 0) + kept
         if ctx.policy.only_if_mirrored and cands:
             cands = _mirrored(ctx, root, cands)
-        chosen = cands if need is None else _take_until(cands, need)
-        return Planned(sum(c.files for c in chosen), sum(c.bytes for c in chosen), data=cands)
+        if need is None:  # a plain run: every candidate, all or nothing under max_delete
+            return Planned(sum(c.files for c in cands), sum(c.bytes for c in cands), data=cands)
+        chosen = _take_until(cands, need)  # a watermark run: what reaching low takes, oldest first
+        return Planned(data=cands, need_files=sum(c.files for c in chosen), need_bytes=sum(c.bytes for c in chosen))
 
     def execute(self, ctx: Ctx, root: Root, planned: Planned, need: int | None) -> None:
+        if need is None and ctx.refused:
+            return
         freed = 0
         for cand in planned.data:  # oldest first
             if need is not None and reached(root.opened, need, freed, ctx.dry_run, ctx.policy.low):
                 return
+            files, nbytes = allowed(ctx.policy.max_delete, ctx.tally)
+            if 0 <= files < cand.files or 0 <= nbytes < cand.bytes:
+                return  # max_delete: a watermark run goes no further (a plain one never gets here)
             freed += _delete_one(ctx, root, cand)
 
 

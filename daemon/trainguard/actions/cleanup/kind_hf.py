@@ -3,10 +3,10 @@
 Layout (huggingface_hub's documented cache): <repo>/refs/<ref> holds a commit hash,
 <repo>/snapshots/<commit>/... are symlinks into <repo>/blobs/<hash>. First, detached
 revisions (snapshots no ref points to) go with the blobs only they use, when unused for
-older_than (or while the cache is over max_size); then whole repos by last use, as the
-age kind judges cache units. A repo with any file open or mapped by a process is never
-touched, nor one changed within grace. Everything is opened relative to the root's fd,
-never through a symlink or a mount point.
+older_than, or, when space must be freed (a watermark, over max_size), oldest first as far as
+the need takes them; then whole repos by last use, as the age kind judges cache units. A repo
+with any file open or mapped by a process is never touched, nor one changed within grace.
+Everything is opened relative to the root's fd, never through a symlink or a mount point.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from trainguard.actions.cleanup import policies as sel
 from trainguard.actions.cleanup import unittree, walker
-from trainguard.actions.cleanup.guard import Root
+from trainguard.actions.cleanup.guard import Root, allowed
 from trainguard.actions.cleanup.kind_age import AgeKind
 from trainguard.actions.cleanup.plan import Ctx, Planned, full_path
 from trainguard.units import format_duration
@@ -42,29 +42,50 @@ class HfKind:
         repos = self.repos.plan(ctx, root, need)
         if repos.note:  # a held lock: leave the whole cache alone
             return repos
-        pressure = need is not None or repos.data.cap_need > 0  # a watermark run, or over max_size
-        detached = [d for d in _detached(ctx, root) if _due(ctx, d, pressure)]
-        files = sum(1 + len(d.blobs) for d in detached)
-        return Planned(repos.files + files, repos.bytes + sum(d.bytes for d in detached), repos.note,
-                       (detached, repos))
+        plan = repos.data
+        revs = sorted(_detached(ctx, root), key=lambda d: d.last_use)  # oldest first
+        # Space to free (a watermark run, over max_size): detached revisions first, only what the need
+        # takes; the repos (AgeKind, oldest first) then take what is left of it.
+        taken = _take_until(revs, max(plan.need, plan.cap_need))
+        if taken:
+            plan.less(sum(d.bytes for d in taken), ctx.policy.older_than)
+            repos = self.repos.planned(plan, need)
+        due = [d for d in revs if need is None and d not in taken and _due(ctx, d)]  # a plain run's
+        return Planned(repos.files + _files(due), repos.bytes + sum(d.bytes for d in due), repos.note,
+                       (taken, due, repos), repos.need_files + _files(taken),
+                       repos.need_bytes + sum(d.bytes for d in taken))
 
     def execute(self, ctx: Ctx, root: Root, planned: Planned, need: int | None) -> None:
         if planned.note:
             return
-        detached, repos = planned.data
-        before = ctx.tally.bytes
-        for rev in detached:
+        taken, due, repos = planned.data
+        for rev in taken + ([] if ctx.refused else due):
+            files, nbytes = allowed(ctx.policy.max_delete, ctx.tally)
+            if 0 <= files < 1 + len(rev.blobs) or 0 <= nbytes < rev.bytes:
+                break  # max_delete: no more revisions in this run
             _delete_revision(ctx, root, rev)
-        # What the detached revisions freed counts against the size cap before any repo goes.
-        repos.data.cap_need = max(0, repos.data.cap_need - (ctx.tally.bytes - before))
         self.repos.execute(ctx, root, repos, need)
 
 
-def _due(ctx: Ctx, rev: Detached, pressure: bool) -> bool:
-    """A detached revision may still be used (pinned by commit hash): it goes when unused for
-    older_than, or first of all when space must be freed."""
+def _files(revs: list[Detached]) -> int:
+    return sum(1 + len(d.blobs) for d in revs)
+
+
+def _take_until(revs: list[Detached], need: int) -> list[Detached]:
+    out, total = [], 0
+    for rev in revs:
+        if total >= need:
+            break
+        out.append(rev)
+        total += rev.bytes
+    return out
+
+
+def _due(ctx: Ctx, rev: Detached) -> bool:
+    """A detached revision may still be used (pinned by commit hash): a plain run takes it when unused
+    for older_than (a run that must free space takes the oldest first, whatever their age)."""
     older_than = ctx.policy.older_than
-    return pressure or (older_than is not None and ctx.now - rev.last_use >= older_than)
+    return older_than is not None and ctx.now - rev.last_use >= older_than
 
 
 def _detached(ctx: Ctx, root: Root):

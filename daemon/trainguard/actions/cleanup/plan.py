@@ -7,7 +7,10 @@ interface, registered by policy type in cleanup.KINDS:
     execute(ctx, root, planned, need): delete it, re-checking every entry just before
 
 `need` is the bytes a watermark run must free on the root's filesystem (None: take every
-candidate). execute is not called when max_delete stopped the run.
+candidate). A plan has two parts, judged differently by max_delete (guard.py): every due entry of
+a plain run (files, bytes), which the guard refuses whole when it is too much (ctx.refused: execute
+skips it), and what freeing a watermark's or a size cap's need takes, oldest first (need_files,
+need_bytes), which max_delete only bounds: execute deletes it up to the bound, never nothing.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ class Ctx:
     tools: Tools
     dry_run: bool
     now: float
+    refused: bool = False  # max_delete refused the plain part of this run (guard.max_delete_guard)
 
     def skip_error(self, path: str, exc: OSError) -> None:
         self.tally.skip_error(path, exc, walker.classify_error)
@@ -74,10 +78,12 @@ class Ctx:
 
 @dataclass(slots=True)
 class Planned:
-    files: int = 0
+    files: int = 0  # every due entry of a plain run: all or nothing under max_delete
     bytes: int = 0
     note: str = ""  # non-empty: nothing is done on this root, and why
     data: Any = None  # the kind's own plan
+    need_files: int = 0  # what freeing a watermark's or a size cap's need takes, oldest first (an
+    need_bytes: int = 0  # estimate past max_delete): bounded by max_delete, never refused
 
 
 class Kind(Protocol):

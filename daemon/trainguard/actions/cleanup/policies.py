@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import fnmatch
-import math
 import os
 import re
 from dataclasses import dataclass
@@ -253,38 +252,6 @@ def cache_dirs(
             seen.add(norm)
             out.append(norm)
     return out
-
-
-class AgeHistogram:
-    """Bytes and counts of candidates by age, in ~3 % wide log buckets: constant memory.
-
-    Lets a watermark run find the age cutoff that frees the bytes it needs, so the
-    delete pass removes the oldest candidates without holding them all in memory.
-    """
-
-    SCALE = 32.0
-
-    def __init__(self) -> None:
-        self.bytes: dict[int, int] = {}
-        self.count: dict[int, int] = {}
-
-    def add(self, age: float, nbytes: int, files: int = 1) -> None:
-        b = int(math.log1p(age if age > 0.0 else 0.0) * self.SCALE)  # ~3 % wide log buckets
-        self.bytes[b] = self.bytes.get(b, 0) + nbytes
-        self.count[b] = self.count.get(b, 0) + files
-
-    def cutoff_for(self, need_bytes: int) -> tuple[float, int, int]:
-        """(min_age, files, bytes): deleting everything at least min_age old frees >= need_bytes
-        (or everything, if there is not that much)."""
-        files = nbytes = 0
-        min_age = math.inf
-        for b in sorted(self.bytes, reverse=True):
-            if nbytes >= need_bytes:
-                break
-            nbytes += self.bytes[b]
-            files += self.count[b]
-            min_age = math.expm1(b / self.SCALE)
-        return min_age, files, nbytes
 
 
 def age_reason(policy: AgePolicy | CachePolicy, watermark: bool) -> str:

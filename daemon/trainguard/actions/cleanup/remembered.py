@@ -96,7 +96,7 @@ def delete_remembered(ctx: Ctx, root: Root, dirs: list[list], older_than: float,
     try:
         for path, name, st, chunks in reversed(dirs):
             if chunks and not p.stopped:
-                lst = _open(p, root, path, name, st)
+                lst = open_counted(p, root, path, name, st)
                 if lst is not None:
                     order.delete_in(lst, chunks)
             if remove_dirs and path:
@@ -108,7 +108,7 @@ def delete_remembered(ctx: Ctx, root: Root, dirs: list[list], older_than: float,
     return dict(p.scratch.skipped)
 
 
-def _open(p: Pass, root: Root, path: str, name: str, st: os.stat_result) -> walker.Listing | None:
+def open_counted(p: Pass, root: Root, path: str, name: str, st: os.stat_result) -> walker.Listing | None:
     """The counted directory, reopened below the root; None (reported) if it is not there."""
     if p.ctx.tools.hook is not None:
         p.ctx.tools.hook("open_dir", path)

@@ -66,7 +66,13 @@ class CleanupReport:
     files: int
     bytes: int
     skipped: Mapping[str, int] = field(default_factory=dict)  # reason -> count
-    guard: str = ""  # non-empty: max_delete stopped the run; nothing was deleted
+    guard: str = ""  # non-empty: max_delete refused a plain run's due entries; none of them was deleted
+    bounded: str = ""  # non-empty: max_delete cut short what a watermark or size cap needs (what is left, to raise)
+    needed_files: int = 0  # what the watermark or size cap needs, oldest first (past max_delete: estimated)
+    needed_bytes: int = 0
+    max_delete: str = ""  # the policy's bound, as written for people ("10000 files")
+    goal: str = ""  # what the need reaches: "low" (a watermark; goal_value the ratio) or "max_size" (bytes)
+    goal_value: float = 0.0
     items: tuple[Item, ...] = ()  # the first max_items entries
     planned_files: int = 0
     planned_bytes: int = 0
@@ -176,7 +182,7 @@ class Tally:
 def describe(report: CleanupReport) -> str:
     """One line for logs and the CLI."""
     verb = "would free" if report.dry_run else "freed"
-    if report.guard:
+    if report.guard and not report.files:
         return f"cleanup {report.policy}: stopped, nothing deleted: {report.guard}"
     where = ", ".join(report.mounts) or ", ".join(r.root for r in report.roots) or "no roots"
     line = f"cleanup {report.policy} ({report.trigger}) {verb} {format_bytes(report.bytes)} on {where} ({report.files} files)"
@@ -187,6 +193,10 @@ def describe(report: CleanupReport) -> str:
         line += "; cannot delete: " + "; ".join(report.blocked)
     if report.uninspected:
         line += "; " + uninspected_note(report.uninspected)
+    if report.guard:  # a size cap went ahead: its due entries did not
+        line += f"; entries due by older_than kept: {report.guard}"
+    if report.bounded:
+        line += f"; {report.bounded}"
     return line
 
 
@@ -227,11 +237,22 @@ def summary_lines(report: CleanupReport) -> list[str]:
     if report.top_dirs:
         lines.append("  top directories: " + ", ".join(
             f"{printable(d)} ({format_bytes(b)}, {f} files)" for d, b, f in report.top_dirs))
+    if report.dry_run and report.goal == "low" and report.needed_bytes:
+        lines.append("  " + watermark_now(report))
     if not report.files and not report.guard:
         lines.append(f"  nothing {'would go' if report.dry_run else 'went'}: {why_nothing(report)}")
     elif report.holders:
         lines.append("  open files kept: " + ", ".join(report.holders))
     return lines
+
+
+def watermark_now(report: CleanupReport) -> str:
+    """What a watermark run would take now, from a dry run of one (the CLI's summary)."""
+    if not report.needed_bytes:
+        notes = "; ".join(r.note for r in report.roots if r.note)
+        return f"a watermark run now takes nothing{': ' + notes if notes else ''}"
+    return (f"a watermark run now takes {report.files} files ({format_bytes(report.bytes)}), oldest first, of about "
+            f"{report.needed_files} files ({format_bytes(report.needed_bytes)}) it needs")
 
 
 def findings_for(report: CleanupReport) -> list[Finding]:
@@ -248,6 +269,8 @@ def findings_for(report: CleanupReport) -> list[Finding]:
         "blocked_paths": [{"path": p, "why": kind} for p, kind in report.blocked_paths],
         "planned_files": report.planned_files,
         "planned_bytes": report.planned_bytes,
+        "needed_files": report.needed_files,
+        "needed_bytes": report.needed_bytes,
         "uninspected": report.uninspected,
         "unverifiable": report.skipped.get("unverifiable-open", 0),
     }
@@ -265,12 +288,24 @@ def findings_for(report: CleanupReport) -> list[Finding]:
     if report.guard:
         out.append(Finding(
             key=f"cleanup.guard:{report.policy}", severity=Severity.WARNING,
-            summary=f"cleanup {report.policy} stopped, nothing deleted: {report.guard}",
+            summary=f"cleanup {report.policy} stopped, nothing deleted: {report.guard}" if not report.files else
+                    f"cleanup {report.policy} kept its entries due by older_than: {report.guard}",
             details=details, labels=labels, value=float(report.planned_files),
             hint=f"check it with: trainguard cleanup --dry-run --policy {report.policy}; "
                  "if the list is right, raise max_delete for this policy",
         ))
-    elif report.files and not report.dry_run:
+    if report.bounded and not report.dry_run:
+        left = max(0, report.needed_bytes - report.bytes)
+        out.append(Finding(
+            key=f"cleanup.bounded:{report.policy}", severity=Severity.WARNING,
+            summary=f"cleanup {report.policy}: {report.bounded}",
+            details={**details, "left_bytes": left, "max_delete": report.max_delete, "goal": report.goal,
+                     "goal_value": report.goal_value},
+            labels={**labels, "mountpoint": report.mounts[0] if report.mounts else ""}, value=float(left),
+            hint=f"raise max_delete for policy {report.policy} (or set max_delete = false); "
+                 f"trainguard cleanup --dry-run --policy {report.policy} shows what a run takes now",
+        ))
+    if report.files and not report.dry_run:
         mounts = report.mounts
         out.append(Finding(
             key=f"cleanup.report:{report.policy}", severity=Severity.INFO,

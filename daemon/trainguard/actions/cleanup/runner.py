@@ -4,13 +4,16 @@ One run of one policy (CleanupRunner.run):
 1. guard: each root is opened and checked (guard.open_root: safe, writable, the mount
    points below it collected so bind mounts are never entered);
 2. plan: the policy's kind (KINDS, keyed by policy type) scans each root into a plan;
-   a watermark run plans only what brings the filesystem down to `low`;
-3. guard: if the planned deletion exceeds max_delete, nothing is deleted and the
-   report carries a warning finding;
+   a watermark run (and a size cap) plans only what its need takes, oldest first: what brings
+   the filesystem down to `low` (the cache under max_size);
+3. guard: if a plain run's due entries exceed max_delete, none of them is deleted and the
+   report carries a warning finding; what a need takes is only bounded by max_delete
+   (guard.py says why);
 4. execute: the kind deletes oldest-first relative to open directory fds, re-checking
    just before each delete that the entry is the one judged, not open by any process
    and not changed within the grace period. A failure on one entry is counted and skipped;
-5. report: totals, skips by reason, top directories, findings (report.py).
+5. report: totals, skips by reason, top directories, findings (report.py); a need that
+   max_delete cut short is a warning with what is left to free.
 
 A new kind (e.g. log rotation) is one class with plan() and execute() (plan.Kind) and
 one entry in KINDS. The runner holds no thread of its own; CleanupWorker (worker.py)
@@ -30,8 +33,10 @@ from trainguard.actions.cleanup import walker
 from trainguard.actions.cleanup.audit import AuditLog
 from trainguard.actions.cleanup.guard import (
     Root,
+    bounded_note,
     bytes_above,
     max_delete_guard,
+    max_delete_text,
     open_root,
     watermark_need,
 )
@@ -145,19 +150,26 @@ class CleanupRunner:
         policy, kind = ctx.policy, kind_for(ctx.policy.type)
         watermark = trigger == "watermark" or (trigger == "manual" and policy.watermark and policy.schedule is None)
         plans = [self._plan_root(ctx, kind, root, trigger if watermark else None) for root in roots]
-        planned_files = sum(p.files for _r, _u, p, _n in plans)
-        planned_bytes = sum(p.bytes for _r, _u, p, _n in plans)
-        guard = max_delete_guard(policy, planned_files, planned_bytes)
+        plain = sum(p.files for _r, _u, p, _n in plans), sum(p.bytes for _r, _u, p, _n in plans)
+        needed = sum(p.need_files for _r, _u, p, _n in plans), sum(p.need_bytes for _r, _u, p, _n in plans)
+        guard = max_delete_guard(policy, *plain)
+        ctx.refused = bool(guard)
         reports = []
         for root, usage, planned, need in plans:
             before = ctx.tally.files, ctx.tally.bytes
-            if not planned.note and not guard:
+            if not planned.note and (not guard or planned.need_files or planned.need_bytes):
                 kind.execute(ctx, root, planned, need)
             after = usage_from_statvfs(os.fstatvfs(root.opened.fd)).used_ratio if not ctx.dry_run else None
             reports.append(RootReport(root.path, root.mount, ctx.tally.files - before[0],
                                       ctx.tally.bytes - before[1], usage.used_ratio, after, planned.note))
         reports += [RootReport(path, "", note=note) for path, note in notes.items()]
-        return self._report(ctx, trigger, started, tuple(reports), guard, (planned_files, planned_bytes))
+        goal = ("low", policy.low) if watermark else ("", 0.0)
+        if not watermark and any(needed):  # a size cap
+            goal = ("max_size", float(getattr(policy, "max_size", None) or 0))
+        done = ctx.tally.files, ctx.tally.bytes
+        bounded = bounded_note(policy, done, needed, goal, ctx.dry_run) if any(needed) else ""
+        return self._report(ctx, trigger, started, tuple(reports), (guard, bounded),
+                            (plain[0] + needed[0], plain[1] + needed[1]), needed, goal)
 
     def _plan_root(self, ctx: Ctx, kind: Kind, root: Root, watermark: str | None):
         usage = usage_from_statvfs(os.fstatvfs(root.opened.fd))
@@ -168,13 +180,17 @@ class CleanupRunner:
                 return root, usage, Planned(note=why), None
         return root, usage, kind.plan(ctx, root, need), need
 
-    def _report(self, ctx: Ctx, trigger: str, started: float, roots: tuple[RootReport, ...], guard: str,
-                planned: tuple[int, int]) -> CleanupReport:
+    def _report(self, ctx: Ctx, trigger: str, started: float, roots: tuple[RootReport, ...],
+                guards: tuple[str, str], planned: tuple[int, int], needed: tuple[int, int],
+                goal: tuple[str, float]) -> CleanupReport:
         t = ctx.tally
         report = CleanupReport(
             policy=ctx.policy.name, type=ctx.policy.type, trigger=trigger, dry_run=ctx.dry_run, started=started,
             finished=self.clock(), roots=roots, files=t.files, bytes=t.bytes, skipped=dict(t.skipped),
-            guard=guard, items=tuple(t.items), planned_files=planned[0], planned_bytes=planned[1],
+            guard=guards[0], bounded=guards[1], needed_files=needed[0], needed_bytes=needed[1],
+            max_delete=max_delete_text(ctx.policy.max_delete) if ctx.policy.max_delete else "",
+            goal=goal[0], goal_value=goal[1],
+            items=tuple(t.items), planned_files=planned[0], planned_bytes=planned[1],
             uninspected=len(ctx.tools.open_files.uninspected), dirs_removed=t.dirs, blocked=tuple(t.blocked), blocked_paths=tuple(t.blocked_paths), top_dirs=t.top_dirs(), holders=tuple(t.holders.values()),
         )
         log.info("%s", describe(report))

@@ -28,7 +28,8 @@ from trainguard.sources.mounts import containing_mount
 
 log = logging.getLogger(__name__)
 
-# A policy whose watermark run could not reach `low` is not rescanned every cycle.
+# A policy whose watermark run could not reach `low` (nothing more it may delete) is not rescanned
+# every cycle; one that freed what it could within max_delete goes on at the next.
 WATERMARK_RETRY = 300.0
 
 
@@ -48,6 +49,7 @@ class Scheduler:
         self.statvfs = statvfs
         self.last_run: dict[str, float] = {}
         self.last_watermark: dict[str, float] = {}
+        self.draining: set[str] = set()  # watermark runs cut short (max_delete): the next goes on to low
 
     def due(self, snapshot: Snapshot | None, now: float) -> list[tuple[Policy, str]]:
         out = []
@@ -58,11 +60,13 @@ class Scheduler:
                 out.append((policy, "schedule"))
                 continue
             if policy.watermark and now - self.last_watermark.get(policy.name, -1e18) >= WATERMARK_RETRY / 10:
-                if any(self._above_high(snapshot, root, policy.high) for root in self.runner.roots_of(policy)):
+                # Started at `high`; once cut short by max_delete it goes on below high, down to `low`.
+                threshold = policy.low if policy.name in self.draining else policy.high
+                if any(self._at_or_above(snapshot, root, threshold) for root in self.runner.roots_of(policy)):
                     out.append((policy, "watermark"))
         return out
 
-    def _above_high(self, snapshot: Snapshot | None, root: str, high: float) -> bool:
+    def _at_or_above(self, snapshot: Snapshot | None, root: str, ratio: float) -> bool:
         sample = sample_for_path(snapshot, root)
         if sample is not None and (not sample.responsive or sample.usage is None):
             return False  # never scan a filesystem whose probe hangs or fails
@@ -73,13 +77,18 @@ class Scheduler:
                 usage = usage_from_statvfs(self.statvfs(root))
             except OSError:
                 return False
-        return usage.used_ratio >= high
+        return usage.used_ratio >= ratio
 
     def ran(self, report: CleanupReport, now: float) -> None:
         self.last_run[report.policy] = now
         if report.trigger == "watermark":
             reached = all(r.usage_after is None or r.usage_after <= self.runner.policies[report.policy].low
                           for r in report.roots)
+            if not reached and report.files and report.bytes < report.needed_bytes:
+                self.draining.add(report.policy)  # cut short (max_delete): it goes on at the next cycle
+                self.last_watermark[report.policy] = now - WATERMARK_RETRY / 10
+                return
+            self.draining.discard(report.policy)
             # Try again soon if it worked; back off if there was nothing left to delete.
             self.last_watermark[report.policy] = now if reached else now + WATERMARK_RETRY
 
@@ -96,6 +105,8 @@ class CleanupWorker:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        self._settled = threading.Condition(self._lock)
+        self._submitted = self._handled = 0  # snapshots handed in; the last one whose due policies ran
         self._findings: collections.deque[Finding] = collections.deque(maxlen=1000)
         self.reports: collections.deque[CleanupReport] = collections.deque(maxlen=100)
         self._thread = threading.Thread(target=self._loop, name="trainguard-cleanup", daemon=True)
@@ -106,7 +117,14 @@ class CleanupWorker:
     def submit(self, snapshot: Snapshot) -> None:
         with self._lock:
             self._snapshot = snapshot
+            self._submitted += 1
         self._wake.set()
+
+    def settle(self) -> None:
+        """Wait until the policies the last snapshot made due have run (`run --once`: its one cycle's
+        cleanup, reported in that cycle, rather than cut short by the exit)."""
+        with self._settled:
+            self._settled.wait_for(lambda: self._handled >= self._submitted or not self._thread.is_alive())
 
     def drain(self) -> list[Finding]:
         out = []
@@ -129,22 +147,31 @@ class CleanupWorker:
                 if self._stop.is_set():
                     break
                 with self._lock:
-                    snapshot = self._snapshot
-                for policy, trigger in scheduler.due(snapshot, self._clock()):
-                    if self._stop.is_set():
-                        break
-                    try:
-                        report = runner.run(policy, trigger=trigger)
-                    except Exception:  # one broken policy must not stop the others
-                        log.exception("cleanup %s failed", policy.name)
-                        continue
-                    scheduler.ran(report, self._clock())
-                    self.reports.append(report)
-                    self._findings.extend(findings_for(report))
+                    snapshot, taken = self._snapshot, self._submitted
+                self._run_due(runner, scheduler, snapshot)
+                with self._settled:
+                    self._handled = taken
+                    self._settled.notify_all()
         finally:
+            with self._settled:
+                self._handled = self._submitted  # settle() never waits for a thread that ended
+                self._settled.notify_all()
             if runner.audit is not None:
                 runner.audit.flush()
                 runner.audit.conn.close()
+
+    def _run_due(self, runner: CleanupRunner, scheduler: Scheduler, snapshot: Snapshot | None) -> None:
+        for policy, trigger in scheduler.due(snapshot, self._clock()):
+            if self._stop.is_set():
+                break
+            try:
+                report = runner.run(policy, trigger=trigger)
+            except Exception:  # one broken policy must not stop the others
+                log.exception("cleanup %s failed", policy.name)
+                continue
+            scheduler.ran(report, self._clock())
+            self.reports.append(report)
+            self._findings.extend(findings_for(report))
 
 
 def make_runner_factory(policies: Sequence[Policy], connect: Callable[[], object], proc_root: str = "/proc",
