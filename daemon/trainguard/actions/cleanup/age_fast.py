@@ -66,6 +66,10 @@ class Pass(CacheUnits):
     def run(self) -> None:
         o, ctx = self.root.opened, self.ctx
         ctx.tools.open_files.refresh()
+        held = ctx.tools.open_files.unknown(o.dev)
+        if held:  # the kernel holds a file here whose inode its filesystem did not tell (kernel_holders.py)
+            self.busy = f"in use: {held} could not be identified (its filesystem does not answer)"
+            return
         # A count judges subdirectories on several threads (ahead.py); a walk that deletes never does.
         if not self.delete and self.threads() > 1:
             self.ahead = ahead.Ahead(self, agerules.THREADS, READ_BYTES)
