@@ -153,15 +153,9 @@ def _judge_py(dir_fd, names, wanted, rule, is_open, delete, bound, listed, hook,
                     or (need_bytes >= 0 and unlinked_bytes >= need_bytes)):
                 issues.append((name, OVER_BOUND, 0, ino, size))
                 continue
-            if hook is not None:
-                hook("before_delete", name)
-            try:
-                quarantine.unlink(name, st)
-            except Changed as exc:
-                issues.append((name, CHANGED, exc.errno, ino, size))
-                continue
-            except OSError as exc:
-                issues.append((name, UNLINK_ERROR, exc.errno or 0, ino, size))
+            kept = _delete(quarantine, name, st, size, hook)
+            if kept is not None:
+                issues.append(kept)
                 continue
             unlinked += 1
             unlinked_bytes += size
@@ -170,3 +164,16 @@ def _judge_py(dir_fd, names, wanted, rule, is_open, delete, bound, listed, hook,
         if delete or listed:
             gone.append((name, size, age))
     return Batch(dirs, issues, gone, files, nbytes, young, grace)
+
+
+def _delete(quarantine: Quarantine, name: str, st: os.stat_result, size: int, hook) -> tuple | None:
+    """Delete one judged entry (quarantine.py): None, or the issue that kept it."""
+    if hook is not None:
+        hook("before_delete", name)
+    try:
+        quarantine.unlink(name, st)
+    except Changed as exc:
+        return name, CHANGED, exc.errno, st.st_ino, size
+    except OSError as exc:
+        return name, UNLINK_ERROR, exc.errno or 0, st.st_ino, size
+    return None
