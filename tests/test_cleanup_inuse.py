@@ -188,6 +188,32 @@ def test_an_active_swap_file_is_kept_not_reported_as_a_permission_problem(tmp_pa
     assert not report.blocked  # the kernel refuses to unlink it (EPERM): never tried, so no false alarm
 
 
+def test_a_loop_image_on_a_hung_share_neither_hangs_cleanup_elsewhere_nor_goes_from_the_share(tmp_path, slowfs):
+    """Identifying a loop image asks its filesystem (LOOP_GET_STATUS64 stats the backing file): on a FUSE
+    share that does not answer, cleanup of a local root still finishes; once it answers, the image stays."""
+    _needs_loop()
+    image = slowfs.mountpoint / "data.img"
+    with open(image, "wb") as fh:
+        fh.write(bytes(1 << 20))
+    local = tmp_path / "scratch"
+    make(local / "old.dat")
+    with attached(image) as device:
+        slowfs.block("getattr")
+        done = []
+        run = threading.Thread(target=lambda: done.append(
+            runner(tmp_path, DAY).run(policy(roots=[str(local)], max_delete=False, **AGE))), daemon=True)
+        run.start()
+        run.join(30)
+        hung = run.is_alive()
+        slowfs.unblock("getattr")
+        run.join(30)
+        assert not hung, "cleanup of a local root waited for a hung share"
+        assert done[0].files == 1 and not (local / "old.dat").exists()
+        os.utime(image, (0, 0))
+        report = runner(tmp_path, DAY).run(policy(roots=[str(slowfs.mountpoint)], max_delete=False, **AGE))
+        assert image.exists() and report.in_use == (f"backing file of {device} (attached, not mounted): {image}",)
+
+
 # ------------------------------------------------------------------ mapped and closed, on every filesystem
 
 
