@@ -8,9 +8,9 @@
  * and patterns, grace, open files, age, the max_delete bound and a watermark's need. In delete mode an
  * expired entry that no process has open is deleted by quarantine (quarantine.py says why and
  * how, for both judges): renamed relative to dir_fd to a private name that nothing else uses,
- * checked to be the inode judged, then unlinked; anything else found under the private name
- * (a file renamed over the judged name in between) is renamed back and kept. No step follows
- * a symlink. Nothing here decides which names are candidates at all; that stays in Python.
+ * checked to be the inode judged, then unlinked (by the next rename onto the private name, or at
+ * the end of the batch); anything else found under the private name (a file renamed over the
+ * judged name in between) is renamed back and kept. No step follows a symlink. Nothing here decides which names are candidates at all; that stays in Python.
  *
  * Counting (a dry run, the count a max_delete guard makes before anything goes) only reads, so a
  * large batch is split over `threads` threads: the lstats, most of a count's time, then run on
@@ -64,6 +64,9 @@ typedef struct {
     long long files, bytes;  /* delete: unlinked so far in this batch */
     PyObject *hook;  /* delete: called ("before_delete", name) just before an entry is quarantined (tests), or NULL */
     int plain_rename;  /* this filesystem refused renameat2's RENAME_NOREPLACE: the placeholder way */
+    char priv[64];  /* delete: the private name (quarantine.py) */
+    entry_t *held;  /* the entry verified and counted that priv still holds (the next rename onto priv unlinks it) */
+    struct stat held_st;
 } rule_t;
 
 /* As CPython's os.stat_result fills st_mtime: sec + 1e-9 * nsec, in doubles. */
@@ -129,32 +132,53 @@ static int same_judged(const rule_t *r, const struct stat *a, const struct stat 
         && (!(r->age_mask & AGE_ATIME) || same_ts(&a->st_atim, &b->st_atim));
 }
 
-/* Delete the entry judged from lstat `judged` by quarantine; e->code: EXPIRED, UNLINK_ERROR or CHANGED. */
+/* Unlink what priv holds, the entry verified last; if that fails, it is not counted as gone after all. */
+static void release_held(rule_t *r) {
+    entry_t *e = r->held;
+    if (e == NULL) return;
+    r->held = NULL;
+    if (unlinkat(r->dir_fd, r->priv, 0) == 0) return;
+    e->code = UNLINK_ERROR;
+    e->err = errno;
+    r->files--;
+    r->bytes -= e->bytes;
+}
+
+/* Delete the entry judged from lstat `judged` by quarantine (quarantine.Quarantine.unlink, the same steps):
+ * e->code EXPIRED (counted; priv holds it until the next rename onto priv or release_held), UNLINK_ERROR or
+ * CHANGED. */
 static void quarantine_unlink(rule_t *r, entry_t *e, const struct stat *judged) {
-    char priv[64];
     struct stat st;
-    int err = EEXIST;
-    for (int tries = 0; tries < 4 && err == EEXIST; tries++) {  /* EEXIST: a leftover of a crashed run */
-        private_name(priv, sizeof priv);
-        err = rename_noreplace(r, e->name, priv);
+    int err;
+    entry_t *held = r->held;
+    if (held != NULL) {
+        err = renameat(r->dir_fd, e->name, r->dir_fd, r->priv) == 0 ? 0 : errno;  /* unlinks what priv held */
+    } else {
+        err = EEXIST;
+        for (int tries = 0; tries < 4 && err == EEXIST; tries++) {  /* EEXIST: a leftover of a crashed run */
+            private_name(r->priv, sizeof r->priv);
+            err = rename_noreplace(r, e->name, r->priv);
+        }
     }
     if (err) {
         e->code = UNLINK_ERROR;
         e->err = err;
         return;
     }
-    if (fstatat(r->dir_fd, priv, &st, AT_SYMLINK_NOFOLLOW) == 0 && same_judged(r, judged, &st)) {
-        if (unlinkat(r->dir_fd, priv, 0) == 0) {
-            e->code = EXPIRED;
-            return;
-        }
-        e->code = UNLINK_ERROR;
-        e->err = errno;
-        rename_noreplace(r, priv, e->name);
+    int found = fstatat(r->dir_fd, r->priv, &st, AT_SYMLINK_NOFOLLOW) == 0;
+    if (found && same_judged(r, judged, &st)) {
+        r->held = e;
+        r->held_st = st;
+        e->code = EXPIRED;
         return;
     }
     e->code = CHANGED;
-    e->err = rename_noreplace(r, priv, e->name);  /* 0: put back */
+    if (held != NULL && found && st.st_dev == r->held_st.st_dev && st.st_ino == r->held_st.st_ino) {
+        e->err = 0;  /* the name had become another link of the inode held: the rename did nothing */
+        return;
+    }
+    r->held = NULL;  /* the rename unlinked what priv held (counted already) */
+    e->err = rename_noreplace(r, r->priv, e->name);  /* 0: put back; else it stays under priv */
 }
 
 static void call_hook(rule_t *r, entry_t *e) {
@@ -167,10 +191,14 @@ static void call_hook(rule_t *r, entry_t *e) {
 
 static void judge(rule_t *r, entry_t *e) {
     struct stat st;
-    if (fstatat(r->dir_fd, e->name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
-        e->code = STAT_ERROR;
-        e->err = errno;
-        return;
+    for (;;) {
+        if (fstatat(r->dir_fd, e->name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+            e->code = STAT_ERROR;
+            e->err = errno;
+            return;
+        }
+        if (r->held == NULL || r->held_st.st_dev != st.st_dev || r->held_st.st_ino != st.st_ino) break;
+        release_held(r);  /* another name of the inode held: judged as if that were gone already, as it is next */
     }
     e->ino = st.st_ino;
     if ((unsigned long long)st.st_dev != r->dev) { e->code = OTHER_DEV; return; }
@@ -288,6 +316,7 @@ static PyObject *age_batch(PyObject *self, PyObject *args) {
     r.files = r.bytes = 0;
     r.hook = NULL;
     r.plain_rename = 0;
+    r.held = NULL;
     int threads = 1;
     if (!PyArg_ParseTuple(args, "iO!z*Kidddy*p|LLLpiO", &r.dir_fd, &PyList_Type, &names, &wanted, &r.dev, &r.age_mask,
                           &r.now, &r.older_than, &r.changed_after, &open_inos, &r.delete, &r.max_files, &r.max_bytes,
@@ -326,6 +355,7 @@ static PyObject *age_batch(PyObject *self, PyObject *args) {
     }
     Py_BEGIN_ALLOW_THREADS
     judge_all(&r, es, n, threads);
+    release_held(&r);
     Py_END_ALLOW_THREADS
     result = collect(names, es, n, r.delete || r.listed);
 done:

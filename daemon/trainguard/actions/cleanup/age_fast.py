@@ -8,8 +8,8 @@ directory's subdirectories on several threads (ahead.py).
 A pass counts (a plan, a dry run; `listed` also hands back each due entry, for a histogram or a
 listing) or deletes (due from `older_than`, within a Bound). Before each batch the directory's
 place below the root is checked again: one that left it is not judged further. A test hook
-sees "batch" (relative directory) before each batch; the Python judge also calls it with
-"judged" and "before_delete" (relative path) around each unlink.
+sees "batch" (relative directory) before each batch; both judges call it with "before_delete"
+(relative path) just before each deletion, the Python judge also with "judged" before its last checks.
 """
 
 from __future__ import annotations

@@ -116,7 +116,7 @@ def _judge_py(dir_fd, names, wanted, rule, is_open, delete, bound, listed, hook,
     quarantine = Quarantine(dir_fd, bool(mask & AGE_BITS["atime"])) if delete else None
     for i, name in enumerate(names):
         try:
-            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            st = _lstat(dir_fd, name, quarantine)
         except OSError as exc:
             issues.append((name, STAT_ERROR, exc.errno or 0, 0, 0))
             continue
@@ -163,7 +163,28 @@ def _judge_py(dir_fd, names, wanted, rule, is_open, delete, bound, listed, hook,
         nbytes += size
         if delete or listed:
             gone.append((name, size, age))
+    if quarantine is not None:
+        files, nbytes = _settle(quarantine, gone, issues, files, nbytes)
     return Batch(dirs, issues, gone, files, nbytes, young, grace)
+
+
+def _lstat(dir_fd: int, name: str, quarantine: Quarantine | None) -> os.stat_result:
+    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    if quarantine is not None and quarantine.holds(st):
+        quarantine.release()  # another name of the inode held: judged as if that were gone, as it is next
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    return st
+
+
+def _settle(quarantine: Quarantine, gone: list, issues: list, files: int, nbytes: int) -> tuple[int, int]:
+    """Unlink what the quarantine still holds; an entry whose unlink failed is an issue, not gone."""
+    quarantine.release()
+    for name, err, ino in quarantine.failed:
+        at = next(i for i in range(len(gone) - 1, -1, -1) if gone[i][0] == name)
+        _name, size, _age = gone.pop(at)
+        issues.append((name, UNLINK_ERROR, err, ino, size))
+        files, nbytes = files - 1, nbytes - size
+    return files, nbytes
 
 
 def _delete(quarantine: Quarantine, name: str, st: os.stat_result, size: int, hook) -> tuple | None:

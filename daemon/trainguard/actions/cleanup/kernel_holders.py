@@ -113,13 +113,17 @@ class KernelHolders:
         return [unescape(parts[0]) for parts in map(str.split, lines) if len(parts) >= 2 and parts[1] == "file"]
 
     def _ask(self, key: str, identify: Callable[[], tuple[int, int]]) -> tuple[int, int] | OSError | None:
-        """identify() on a helper thread: its answer, or None while it has not answered."""
+        """identify() on a helper thread: its answer, or None while it has not answered. A new question is
+        waited for ANSWER seconds; one still out from an earlier reading is not waited for again."""
         question = self._asking.get(key)
         if question is None:
             question = self._asking[key] = _Question(identify)
-        if not question.done.wait(ANSWER):
-            log.warning("cleanup: the filesystem of %s has not said in %.0f s which file it is; "
-                        "roots on that filesystem are left alone until it does", key, ANSWER)
+            question.done.wait(ANSWER)
+        if not question.done.is_set():
+            if not question.told:
+                question.told = True
+                log.warning("cleanup: the filesystem of %s has not said in %.0f s which file it is; "
+                            "roots on that filesystem are left alone until it does", key, ANSWER)
             return None
         del self._asking[key]
         return question.answer
@@ -136,6 +140,7 @@ class _Question:
     def __init__(self, identify: Callable[[], tuple[int, int]]):
         self.done = threading.Event()
         self.answer: tuple[int, int] | OSError | None = None
+        self.told = False  # the warning that it does not answer was logged
         threading.Thread(target=self._run, args=(identify,), name="cleanup-identify", daemon=True).start()
 
     def _run(self, identify: Callable[[], tuple[int, int]]) -> None:

@@ -10,7 +10,9 @@ here, _agescan.c the same in C) delete in three steps, relative to the directory
    size, link count, mtime (and atime when the policy ages by it); not the ctime, which the
    rename itself sets;
 3. unlink the private name, or, when it holds something else, rename it back (never replacing)
-   and keep it.
+   and keep it. The unlink is the next candidate's rename onto the same private name (a rename
+   replaces its target: one directory operation instead of a new name and an unlink, so deleting
+   costs about what a plain unlink did), and the last one of a batch a real unlink.
 
 A filesystem without RENAME_NOREPLACE (NFS, CIFS, FUSE servers that lack it: EINVAL) gets the
 placeholder way, without hard links: the target name is first created empty with O_EXCL, so no
@@ -58,35 +60,58 @@ def same(judged: os.stat_result, now: os.stat_result, atime: bool) -> bool:
 
 
 class Quarantine:
-    """Deletes judged names of one directory (dir_fd) in the three steps above."""
+    """Deletes judged names of one directory (dir_fd) in the three steps above. The entry verified last
+    stays under the private name until the next rename onto that name replaces it (which unlinks it,
+    one directory operation where a fresh name and an unlink took three) or release() unlinks it."""
 
     def __init__(self, dir_fd: int, atime: bool):
         self.dir_fd, self.atime = dir_fd, atime
         self.plain = False  # the filesystem refused RENAME_NOREPLACE: placeholders
+        self.private = ""
+        self.held: tuple[str, os.stat_result] | None = None  # (its name, lstat) of what private holds, verified
+        self.failed: list[tuple[str, int, int]] = []  # (name, errno, inode): verified, but its unlink failed
+
+    def holds(self, st: os.stat_result) -> bool:
+        """Whether private holds the inode of st (a hard link judged under another name)."""
+        return self.held is not None and (self.held[1].st_dev, self.held[1].st_ino) == (st.st_dev, st.st_ino)
+
+    def release(self) -> None:
+        """Unlink the entry private holds (verified and counted already; else it goes to failed)."""
+        if self.held is None:
+            return
+        (name, st), self.held = self.held, None
+        try:
+            os.unlink(self.private, dir_fd=self.dir_fd)
+        except OSError as exc:
+            self.failed.append((name, exc.errno or errno.EIO, st.st_ino))
 
     def unlink(self, name: str, judged: os.stat_result) -> None:
-        """Delete name if it is still the entry judged; raise Changed (put back) or OSError (kept)."""
-        for _try in range(4):  # EEXIST: a leftover of a crashed run holds that private name
-            private = private_name()
-            try:
-                self.rename(name, private)
-                break
-            except FileExistsError:
-                continue
+        """Delete name if it is still the entry judged (gone once this returns: it is counted; private holds
+        it until the next call or release()); raise Changed (put back) or OSError (kept)."""
+        held = self.held
+        if held is not None:
+            os.rename(name, self.private, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)  # unlinks what it held
         else:
-            raise OSError(errno.EEXIST, os.strerror(errno.EEXIST), name)
+            for _try in range(4):  # EEXIST: a leftover of a crashed run holds that private name
+                self.private = private_name()
+                try:
+                    self.rename(name, self.private)
+                    break
+                except FileExistsError:
+                    continue
+            else:
+                raise OSError(errno.EEXIST, os.strerror(errno.EEXIST), name)
         try:
-            now = os.stat(private, dir_fd=self.dir_fd, follow_symlinks=False)
+            now = os.stat(self.private, dir_fd=self.dir_fd, follow_symlinks=False)
         except OSError:
             now = None
         if now is not None and same(judged, now, self.atime):
-            try:
-                os.unlink(private, dir_fd=self.dir_fd)
-                return
-            except OSError:
-                self._put_back(private, name)
-                raise
-        raise Changed(self._put_back(private, name), private)
+            self.held = name, now
+            return
+        if held is not None and now is not None and (now.st_dev, now.st_ino) == (held[1].st_dev, held[1].st_ino):
+            raise Changed(0, self.private)  # name had become another link of what private holds: nothing moved
+        self.held = None
+        raise Changed(self._put_back(self.private, name), self.private)
 
     def _put_back(self, private: str, name: str) -> int:
         try:

@@ -70,36 +70,39 @@ class OpenFiles:
 
     def refresh(self) -> None:
         with self._lock:
-            started = self.clock()  # the index is as old as the moment its reading began
-            keys: dict[tuple[int, int], Holder] = {}
-            uninspected: list[Uninspected] = []
-            self_pid = str(os.getpid())
-            devs_by_ns: dict[str, dict[int, int]] = {}
+            self._index = self._read()
+
+    def _read(self) -> _Index:
+        started = self.clock()  # the index is as old as the moment its reading began
+        keys: dict[tuple[int, int], Holder] = {}
+        uninspected: list[Uninspected] = []
+        self_pid = str(os.getpid())
+        devs_by_ns: dict[str, dict[int, int]] = {}
+        try:
+            pids = [p for p in os.listdir(self.proc_root) if p.isdigit()]
+        except OSError as exc:
+            log.warning("cleanup: cannot list %s (%s); open-file checks are blind", self.proc_root, exc.strerror)
+            pids = []
+        for pid in pids:
+            if pid == self_pid:
+                continue  # our own directory fds are not users of the files
             try:
-                pids = [p for p in os.listdir(self.proc_root) if p.isdigit()]
-            except OSError as exc:
-                log.warning("cleanup: cannot list %s (%s); open-file checks are blind", self.proc_root, exc.strerror)
-                pids = []
-            for pid in pids:
-                if pid == self_pid:
-                    continue  # our own directory fds are not users of the files
-                try:
-                    self._add_fds(pid, keys, devs_by_ns)
-                except FileNotFoundError:
-                    continue  # exited
-                except OSError:
-                    proc = read_uninspected(self.proc_root, pid)
-                    if proc is not None:
-                        uninspected.append(proc)
-                    continue  # its maps are unreadable too
-                self._add_maps(pid, keys, devs_by_ns)
-            held, unknown = self.kernel.read()
-            for h in held:
-                hold(keys, h.dev, h.ino, h.what)
-            if tuple(uninspected) != self.uninspected:
-                self.uninspected = tuple(uninspected)
-                self.hold_back = HoldBack(uninspected) if uninspected else None
-            self._index = _Index(keys, started, unknown)
+                self._add_fds(pid, keys, devs_by_ns)
+            except FileNotFoundError:
+                continue  # exited
+            except OSError:
+                proc = read_uninspected(self.proc_root, pid)
+                if proc is not None:
+                    uninspected.append(proc)
+                continue  # its maps are unreadable too
+            self._add_maps(pid, keys, devs_by_ns)
+        held, unknown = self.kernel.read()
+        for h in held:
+            hold(keys, h.dev, h.ino, h.what)
+        if tuple(uninspected) != self.uninspected:
+            self.uninspected = tuple(uninspected)
+            self.hold_back = HoldBack(uninspected) if uninspected else None
+        return _Index(keys, started, unknown)
 
     def _add_fds(self, pid: str, keys: dict[tuple[int, int], Holder], devs_by_ns: dict[str, dict[int, int]]) -> None:
         base = os.path.join(self.proc_root, pid)
