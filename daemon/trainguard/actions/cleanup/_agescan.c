@@ -10,7 +10,8 @@
  * how, for both judges): renamed relative to dir_fd to a private name that nothing else uses,
  * checked to be the inode judged, then unlinked (by the next rename onto the private name, or at
  * the end of the batch); anything else found under the private name (a file renamed over the
- * judged name in between) is renamed back and kept. No step follows a symlink. Nothing here decides which names are candidates at all; that stays in Python.
+ * judged name in between) is renamed back and kept. No step follows a symlink. Nothing here
+ * decides which names are candidates at all; that stays in Python.
  *
  * Counting (a dry run, the count a max_delete guard makes before anything goes) only reads, so a
  * large batch is split over `threads` threads: the lstats, most of a count's time, then run on
@@ -23,10 +24,10 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <stdio.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 

@@ -13,7 +13,7 @@ from trainguard.units import format_bytes
 log = logging.getLogger("trainguard.actions.cleanup.runner")
 
 MAX_TOP_DIRS = 4096  # directories tallied for "top directories"; later ones count under "(other)"
-QUIET_REASONS = ("grace", "open", "busy-run", "excluded", "young", "kept", "not-mirrored")
+QUIET_REASONS = ("grace", "open", "in-use", "busy-run", "excluded", "young", "kept", "not-mirrored")
 NOT_SKIPS = ("young", "kept")  # counted for the "why nothing" line, not shown as skips
 
 
