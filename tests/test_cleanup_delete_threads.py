@@ -113,3 +113,30 @@ def test_an_error_while_deleting_on_threads_closes_every_directory_and_records_w
     gone = {f"job{d % 3}/d{d:02d}/f{i:02d}.dat" for d in range(12) for i in range(20)
             if i % 2 and not (root / f"job{d % 3}" / f"d{d:02d}" / f"f{i:02d}.dat").exists()}
     assert gone and rows == gone  # every file that went has its row, and only those
+
+
+def test_an_error_a_thread_raised_met_while_waiting_to_delete_at_the_bound_closes_that_directory(tmp_path,
+                                                                                                 monkeypatch):
+    """More is deletable than was counted (files held while counting): the last directories wait for
+    the ones in flight before they are deleted with the exact remainder of max_delete. A thread's error
+    raised by that wait must not leave the waiting directory open."""
+    root = tmp_path / "root"
+    _tree(root)
+    held = [root / "job0" / "d00" / "f01.dat", root / "job1" / "d01" / "f03.dat", root / "job2" / "d05" / "f05.dat"]
+    before = set(os.listdir("/proc/self/fd"))
+    deleting, lock = [], threading.Lock()
+
+    def hook(event: str, relpath: str) -> None:
+        if event == "batch" and deleting:
+            with lock:
+                deleting.append(relpath)
+                if len(deleting) == 11:  # the tenth directory: among the last in flight at the bound
+                    raise RuntimeError("interrupted")
+
+    with contextlib.ExitStack() as stack:
+        for path in held:
+            stack.enter_context(holder(path, "open"))
+        with pytest.raises(RuntimeError, match="interrupted"):
+            _delete(tmp_path, monkeypatch, "root", 3, max_delete=120 - len(held), hook=hook,
+                    before=lambda: stack.close() or deleting.append("counted"))
+    assert set(os.listdir("/proc/self/fd")) <= before

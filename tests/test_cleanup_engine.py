@@ -36,7 +36,7 @@ def python_loop(monkeypatch):
     monkeypatch.setattr(age_fast, "ENABLED", False)
 
 
-def test_one_pass_a_name_swapped_for_a_symlink_loses_the_link_never_the_target(tmp_path, python_loop):
+def test_one_pass_a_name_swapped_for_a_symlink_just_before_the_delete_keeps_link_and_target(tmp_path, python_loop):
     root, outside = tmp_path / "root", tmp_path / "outside"
     make(root / "a" / "victim.dat")
     precious = make(outside / "precious.dat")
@@ -46,9 +46,10 @@ def test_one_pass_a_name_swapped_for_a_symlink_loses_the_link_never_the_target(t
             os.unlink(root / "a" / "victim.dat")
             os.symlink(precious, root / "a" / "victim.dat")
 
-    runner(tmp_path, DAY, hook=hook).run(policy(roots=[str(root)], **ONE_PASS))
+    report = runner(tmp_path, DAY, hook=hook).run(policy(roots=[str(root)], **ONE_PASS))
     assert precious.exists() and precious.read_bytes() == b"x" * 1000
-    assert not os.path.lexists(root / "a" / "victim.dat")
+    assert os.readlink(root / "a" / "victim.dat") == str(precious)  # not what was judged: put back
+    assert report.files == 0 and report.skipped == {"changed": 1} and names(root) == {"a", "a/victim.dat"}
 
 
 def test_one_pass_a_file_opened_between_judging_and_deleting_stays(tmp_path, python_loop):

@@ -6,10 +6,12 @@
  * fstatat(dir_fd, name, AT_SYMLINK_NOFOLLOW), then the same rules, in the same order and
  * with the same float arithmetic, as agerules._judge_py: other filesystem, directory, type
  * and patterns, grace, open files, age, the max_delete bound and a watermark's need. In delete mode an
- * expired entry that no process has open is unlinked relative to dir_fd (unlinkat never
- * follows a symlink: a name swapped for a link loses the link, never its target; a name
- * swapped for a directory fails with EISDIR). Nothing here decides which names are
- * candidates at all; that stays in Python.
+ * expired entry that no process has open is deleted by quarantine (quarantine.py says why and
+ * how, for both judges): renamed relative to dir_fd to a private name that nothing else uses,
+ * checked to be the inode judged, then unlinked (by the next rename onto the private name, or at
+ * the end of the batch); anything else found under the private name (a file renamed over the
+ * judged name in between) is renamed back and kept. No step follows a symlink. Nothing here
+ * decides which names are candidates at all; that stays in Python.
  *
  * Counting (a dry run, the count a max_delete guard makes before anything goes) only reads, so a
  * large batch is split over `threads` threads: the lstats, most of a count's time, then run on
@@ -22,17 +24,25 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
-enum { IGNORED, IS_DIR, STAT_ERROR, OTHER_DEV, GRACE, YOUNG, OPEN, EXPIRED, UNLINK_ERROR, OVER_BOUND };
+#ifndef RENAME_NOREPLACE
+#define RENAME_NOREPLACE (1 << 0)
+#endif
+
+/* HELD_BACK (10) is the Python judge's only; CHANGED: not the inode judged, put back (or, err set, left
+ * under its private name). */
+enum { IGNORED, IS_DIR, STAT_ERROR, OTHER_DEV, GRACE, YOUNG, OPEN, EXPIRED, UNLINK_ERROR, OVER_BOUND, CHANGED = 11 };
 enum { AGE_ATIME = 1, AGE_MTIME = 2, AGE_CTIME = 4 };
 
 typedef struct {
     const char *name;
+    PyObject *pyname;  /* the same name, for the test hook */
     int wanted;
     int code;
     int err;
@@ -53,6 +63,11 @@ typedef struct {
     long long need_bytes;  /* delete: stop once this much is freed (a watermark, a size cap), -1: none */
     int listed;  /* count: also hand back the due entries (a listing dry run, the oldest a need takes) */
     long long files, bytes;  /* delete: unlinked so far in this batch */
+    PyObject *hook;  /* delete: called ("before_delete", name) just before an entry is quarantined (tests), or NULL */
+    int plain_rename;  /* this filesystem refused renameat2's RENAME_NOREPLACE: the placeholder way */
+    char priv[64];  /* delete: the private name (quarantine.py) */
+    entry_t *held;  /* the entry verified and counted that priv still holds (the next rename onto priv unlinks it) */
+    struct stat held_st;
 } rule_t;
 
 /* As CPython's os.stat_result fills st_mtime: sec + 1e-9 * nsec, in doubles. */
@@ -77,12 +92,114 @@ static double age_timestamp(const rule_t *r, const struct stat *st) {
     return ts;
 }
 
+/* The private name: quarantine.PREFIX, this process, a counter (quarantine.private_name). */
+#define PRIVATE_PREFIX ".trainguard-deleting."
+static unsigned long private_seq;
+
+static void private_name(char *buf, size_t size) {
+    unsigned long n = __atomic_fetch_add(&private_seq, 1, __ATOMIC_RELAXED);
+    snprintf(buf, size, PRIVATE_PREFIX "%lx.%lx", (unsigned long)getpid(), n);
+}
+
+/* Rename from to `to` in dir_fd, never replacing an entry at `to`: 0 or an errno. Where the filesystem
+ * has no RENAME_NOREPLACE (EINVAL; ENOSYS: an old kernel), `to` is first created empty with O_EXCL
+ * (only this call can hold it then), and a plain rename replaces that placeholder. */
+static int rename_noreplace(rule_t *r, const char *from, const char *to) {
+    if (!r->plain_rename) {
+        if (syscall(SYS_renameat2, r->dir_fd, from, r->dir_fd, to, RENAME_NOREPLACE) == 0) return 0;
+        if (errno != EINVAL && errno != ENOSYS) return errno;
+        r->plain_rename = 1;
+    }
+    int fd = openat(r->dir_fd, to, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) return errno;
+    struct stat mine, now;
+    int err = fstat(fd, &mine) != 0 ? errno : 0;
+    close(fd);
+    if (!err && renameat(r->dir_fd, from, r->dir_fd, to) == 0) return 0;
+    if (!err) err = errno;
+    if (fstatat(r->dir_fd, to, &now, AT_SYMLINK_NOFOLLOW) == 0 && now.st_dev == mine.st_dev && now.st_ino == mine.st_ino)
+        unlinkat(r->dir_fd, to, 0);  /* the placeholder, still ours */
+    return err;
+}
+
+static int same_ts(const struct timespec *a, const struct timespec *b) {
+    return a->tv_sec == b->tv_sec && a->tv_nsec == b->tv_nsec;
+}
+
+/* What stands under the private name is what was judged (quarantine.same): the rename itself sets the ctime. */
+static int same_judged(const rule_t *r, const struct stat *a, const struct stat *b) {
+    return a->st_dev == b->st_dev && a->st_ino == b->st_ino && (a->st_mode & S_IFMT) == (b->st_mode & S_IFMT)
+        && a->st_size == b->st_size && a->st_nlink == b->st_nlink && same_ts(&a->st_mtim, &b->st_mtim)
+        && (!(r->age_mask & AGE_ATIME) || same_ts(&a->st_atim, &b->st_atim));
+}
+
+/* Unlink what priv holds, the entry verified last; if that fails, it is not counted as gone after all. */
+static void release_held(rule_t *r) {
+    entry_t *e = r->held;
+    if (e == NULL) return;
+    r->held = NULL;
+    if (unlinkat(r->dir_fd, r->priv, 0) == 0) return;
+    e->code = UNLINK_ERROR;
+    e->err = errno;
+    r->files--;
+    r->bytes -= e->bytes;
+}
+
+/* Delete the entry judged from lstat `judged` by quarantine (quarantine.Quarantine.unlink, the same steps):
+ * e->code EXPIRED (counted; priv holds it until the next rename onto priv or release_held), UNLINK_ERROR or
+ * CHANGED. */
+static void quarantine_unlink(rule_t *r, entry_t *e, const struct stat *judged) {
+    struct stat st;
+    int err;
+    entry_t *held = r->held;
+    if (held != NULL) {
+        err = renameat(r->dir_fd, e->name, r->dir_fd, r->priv) == 0 ? 0 : errno;  /* unlinks what priv held */
+    } else {
+        err = EEXIST;
+        for (int tries = 0; tries < 4 && err == EEXIST; tries++) {  /* EEXIST: a leftover of a crashed run */
+            private_name(r->priv, sizeof r->priv);
+            err = rename_noreplace(r, e->name, r->priv);
+        }
+    }
+    if (err) {
+        e->code = UNLINK_ERROR;
+        e->err = err;
+        return;
+    }
+    int found = fstatat(r->dir_fd, r->priv, &st, AT_SYMLINK_NOFOLLOW) == 0;
+    if (found && same_judged(r, judged, &st)) {
+        r->held = e;
+        r->held_st = st;
+        e->code = EXPIRED;
+        return;
+    }
+    e->code = CHANGED;
+    if (held != NULL && found && st.st_dev == r->held_st.st_dev && st.st_ino == r->held_st.st_ino) {
+        e->err = 0;  /* the name had become another link of the inode held: the rename did nothing */
+        return;
+    }
+    r->held = NULL;  /* the rename unlinked what priv held (counted already) */
+    e->err = rename_noreplace(r, r->priv, e->name);  /* 0: put back; else it stays under priv */
+}
+
+static void call_hook(rule_t *r, entry_t *e) {
+    PyGILState_STATE gil = PyGILState_Ensure();
+    PyObject *res = PyObject_CallFunction(r->hook, "sO", "before_delete", e->pyname);
+    if (res == NULL) PyErr_WriteUnraisable(r->hook);
+    Py_XDECREF(res);
+    PyGILState_Release(gil);
+}
+
 static void judge(rule_t *r, entry_t *e) {
     struct stat st;
-    if (fstatat(r->dir_fd, e->name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
-        e->code = STAT_ERROR;
-        e->err = errno;
-        return;
+    for (;;) {
+        if (fstatat(r->dir_fd, e->name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+            e->code = STAT_ERROR;
+            e->err = errno;
+            return;
+        }
+        if (r->held == NULL || r->held_st.st_dev != st.st_dev || r->held_st.st_ino != st.st_ino) break;
+        release_held(r);  /* another name of the inode held: judged as if that were gone already, as it is next */
     }
     e->ino = st.st_ino;
     if ((unsigned long long)st.st_dev != r->dev) { e->code = OTHER_DEV; return; }
@@ -104,14 +221,11 @@ static void judge(rule_t *r, entry_t *e) {
         e->code = OVER_BOUND;
         return;
     }
-    if (unlinkat(r->dir_fd, e->name, 0) != 0) {
-        e->code = UNLINK_ERROR;
-        e->err = errno;
-        return;
-    }
+    if (r->hook != NULL) call_hook(r, e);
+    quarantine_unlink(r, e, &st);
+    if (e->code != EXPIRED) return;
     r->files++;
     r->bytes += e->bytes;
-    e->code = EXPIRED;
 }
 
 /* Counting: the entries [lo, hi) of one batch, on a thread of their own. */
@@ -165,7 +279,7 @@ static PyObject *collect(PyObject *names, const entry_t *es, Py_ssize_t n, int l
             item = Py_BuildValue("(OK)", name, e->ino);
             if (!item || PyList_Append(dirs, item) < 0) goto fail_item;
             break;
-        case STAT_ERROR: case OTHER_DEV: case OPEN: case UNLINK_ERROR: case OVER_BOUND:
+        case STAT_ERROR: case OTHER_DEV: case OPEN: case UNLINK_ERROR: case OVER_BOUND: case CHANGED:
             item = Py_BuildValue("(OiiKL)", name, e->code, e->err, e->ino, e->bytes);
             if (!item || PyList_Append(issues, item) < 0) goto fail_item;
             break;
@@ -201,11 +315,15 @@ static PyObject *age_batch(PyObject *self, PyObject *args) {
     r.max_files = r.max_bytes = r.need_bytes = -1;
     r.listed = 0;
     r.files = r.bytes = 0;
+    r.hook = NULL;
+    r.plain_rename = 0;
+    r.held = NULL;
     int threads = 1;
-    if (!PyArg_ParseTuple(args, "iO!z*Kidddy*p|LLLpi", &r.dir_fd, &PyList_Type, &names, &wanted, &r.dev, &r.age_mask,
+    if (!PyArg_ParseTuple(args, "iO!z*Kidddy*p|LLLpiO", &r.dir_fd, &PyList_Type, &names, &wanted, &r.dev, &r.age_mask,
                           &r.now, &r.older_than, &r.changed_after, &open_inos, &r.delete, &r.max_files, &r.max_bytes,
-                          &r.need_bytes, &r.listed, &threads))
+                          &r.need_bytes, &r.listed, &threads, &r.hook))
         return NULL;
+    if (r.hook == Py_None) r.hook = NULL;
     Py_ssize_t n = PyList_GET_SIZE(names);
     PyObject **encoded = NULL;
     entry_t *es = NULL;
@@ -233,10 +351,12 @@ static PyObject *age_batch(PyObject *self, PyObject *args) {
         }
         if (!(encoded[i] = PyUnicode_EncodeFSDefault(name))) goto done;
         es[i].name = PyBytes_AS_STRING(encoded[i]);
+        es[i].pyname = name;
         es[i].wanted = wanted.buf == NULL || ((const char *)wanted.buf)[i] != 0;
     }
     Py_BEGIN_ALLOW_THREADS
     judge_all(&r, es, n, threads);
+    release_held(&r);
     Py_END_ALLOW_THREADS
     result = collect(names, es, n, r.delete || r.listed);
 done:
@@ -290,11 +410,15 @@ static PyMethodDef methods[] = {
      "read_names(dir_fd, size=32768) -> the names one getdents64 call of size bytes reads, [] at the end"},
     {"age_batch", age_batch, METH_VARARGS,
      "age_batch(dir_fd, names, wanted, dev, age_mask, now, older_than, changed_after, open_inos, delete,\n"
-     "          max_files=-1, max_bytes=-1, need_bytes=-1, listed=False, threads=1)\n"
+     "          max_files=-1, max_bytes=-1, need_bytes=-1, listed=False, threads=1, hook=None)\n"
      "-> (dirs, issues, gone, expired_files, expired_bytes, young, grace)"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_agescan", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__agescan(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__agescan(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddStringConstant(m, "PRIVATE_PREFIX", PRIVATE_PREFIX) < 0) Py_CLEAR(m);
+    return m;
+}

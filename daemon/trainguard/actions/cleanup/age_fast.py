@@ -8,8 +8,8 @@ directory's subdirectories on several threads (ahead.py).
 A pass counts (a plan, a dry run; `listed` also hands back each due entry, for the oldest a need takes or a
 listing) or deletes (due from `older_than`, within a Bound). Before each batch the directory's
 place below the root is checked again: one that left it is not judged further. A test hook
-sees "batch" (relative directory) before each batch; the Python judge also calls it with
-"judged" and "before_delete" (relative path) around each unlink.
+sees "batch" (relative directory) before each batch; both judges call it with "before_delete"
+(relative path) just before each deletion, the Python judge also with "judged" before its last checks.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from trainguard.actions.cleanup.age_units import CacheUnits
 from trainguard.actions.cleanup.agerules import Bound, Rule
 from trainguard.actions.cleanup.guard import Root, reached
 from trainguard.actions.cleanup.plan import Ctx, full_path
+from trainguard.actions.cleanup.quarantine import PREFIX as PRIVATE
 from trainguard.actions.cleanup.report import Tally
 from trainguard.config import AgePolicy, CachePolicy
 
@@ -65,6 +66,10 @@ class Pass(CacheUnits):
     def run(self) -> None:
         o, ctx = self.root.opened, self.ctx
         ctx.tools.open_files.refresh()
+        held = ctx.tools.open_files.unknown(o.dev)
+        if held:  # the kernel holds a file here whose inode its filesystem did not tell (kernel_holders.py)
+            self.busy = f"in use: {held} could not be identified (its filesystem does not answer)"
+            return
         # A count judges subdirectories on several threads (ahead.py); a walk that deletes never does.
         if not self.delete and self.threads() > 1:
             self.ahead = ahead.Ahead(self, agerules.THREADS, READ_BYTES)
@@ -145,7 +150,10 @@ class Pass(CacheUnits):
                 return names, bytes(len(names))
             return names, bytes(not sel.matches_any_part(n, self.kind_exclude) and self.wanted(n, prefix + n)
                                 for n in names)
-        return names, None if self.wanted.everything else bytes(self.wanted(n, prefix + n) for n in names)
+        if self.wanted.everything:
+            return names, None
+        # A private name left by an interrupted deletion (quarantine.py) is judged whatever the patterns say.
+        return names, bytes(self.wanted(n, prefix + n) or n.startswith(PRIVATE) for n in names)
 
     def check_locks(self, lst: walker.Listing, names: list[str]) -> None:
         of = self.ctx.tools.open_files
@@ -214,6 +222,11 @@ class Pass(CacheUnits):
             self.scratch.skip(walker.classify_error(OSError(err, "")), path, os.strerror(err))
         elif code == agerules.OTHER_DEV:
             self.scratch.skip("other-filesystem", path, "on another filesystem")
+        elif code == agerules.CHANGED:  # renamed over (or written) between judging and deleting: kept
+            detail = "replaced or changed between judging and deleting, so kept"
+            if err:
+                detail += f"; it could not be put back ({os.strerror(err)}) and is left under a {PRIVATE}* name"
+            ctx.tally.skip("changed", path, detail)
         elif code == agerules.OVER_BOUND:
             self.stopped = True  # the bound is reached: nothing more goes in this run
             if self.bound.need_bytes < 0:

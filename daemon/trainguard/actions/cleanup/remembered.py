@@ -163,24 +163,28 @@ class _InOrder:
         self.reserved = self.in_flight = 0
 
     def delete_in(self, lst: walker.Listing, chunks: list[str]) -> None:
+        """Delete the remembered names of lst (its fd is closed once its result is taken, or on an error)."""
         n = sum(joined.count("\0") + 1 for joined in chunks)
         left = self.p.left().max_files
         if self.threads < 2 or 0 <= left < self.reserved + n:
-            self.drain()
-            if self.p.stopped:
-                os.close(lst.fd)
-                return
             try:
-                self._take(lst, _deleted_in(self.p, lst, chunks, self.p.left()))
+                self.drain()  # may raise what a thread raised
+                if not self.p.stopped:
+                    self._take(lst, _deleted_in(self.p, lst, chunks, self.p.left()))
             finally:
                 os.close(lst.fd)
             return
-        if self.pool is None:
-            from concurrent.futures import ThreadPoolExecutor  # a guarded deletion of many directories only
+        try:
+            if self.pool is None:
+                from concurrent.futures import ThreadPoolExecutor  # a guarded deletion of many directories only
 
-            self.pool = ThreadPoolExecutor(self.threads, "cleanup-delete")
-        bound = Bound(-1 if left < 0 else n)  # the names it holds: reserved below
-        self.queue.append((lst, n, self.pool.submit(_deleted_in, self.p, lst, chunks, bound)))
+                self.pool = ThreadPoolExecutor(self.threads, "cleanup-delete")
+            bound = Bound(-1 if left < 0 else n)  # the names it holds: reserved below
+            future = self.pool.submit(_deleted_in, self.p, lst, chunks, bound)
+        except BaseException:
+            os.close(lst.fd)  # not queued: close() would not see it
+            raise
+        self.queue.append((lst, n, future))
         self.reserved += n
         self.in_flight += 1
         while self.in_flight > 2 * self.threads:

@@ -13,7 +13,7 @@ from trainguard.units import format_bytes
 log = logging.getLogger("trainguard.actions.cleanup.runner")
 
 MAX_TOP_DIRS = 4096  # directories tallied for "top directories"; later ones count under "(other)"
-QUIET_REASONS = ("grace", "open", "busy-run", "excluded", "young", "kept", "not-mirrored")
+QUIET_REASONS = ("grace", "open", "in-use", "busy-run", "excluded", "young", "kept", "not-mirrored")
 NOT_SKIPS = ("young", "kept")  # counted for the "why nothing" line, not shown as skips
 
 
@@ -81,6 +81,7 @@ class CleanupReport:
     blocked_paths: tuple[tuple[str, str], ...] = ()  # the same as facts: (path, "read-only" or "permission")
     top_dirs: tuple[tuple[str, int, int], ...] = ()  # (directory, bytes, files), most bytes first
     holders: tuple[str, ...] = ()  # "PID 812 (python train.py)" for entries skipped as open
+    in_use: tuple[str, ...] = ()  # "backing file of /dev/loop1 (mounted on /mnt/data): /data/img" (kept, in-use)
     uninspected: int = 0  # processes whose open files could not be read (another user's, when not root)
 
     @property
@@ -103,6 +104,7 @@ class Tally:
         self.blocked: list[str] = []
         self.blocked_paths: list[tuple[str, str]] = []
         self.holders: dict[int, str] = {}
+        self.in_use: list[str] = []  # the first entries the kernel holds, with what holds them
         self.top: dict[str, list[int]] = {}
 
     def skip(self, reason: str, path: str = "", detail: str = "") -> None:
@@ -127,9 +129,16 @@ class Tally:
         self.blocked.append(why)
         self.blocked_paths.append((path, kind))
 
-    def skip_open(self, path: str, pid: int | None, describe: Callable[[int], str]) -> None:
-        if pid is not None and pid not in self.holders and len(self.holders) < 5:
-            self.holders[pid] = describe(pid)
+    def skip_open(self, path: str, holder: int | str | None, describe: Callable[[int | str], str]) -> None:
+        """An entry kept because it is in use: open or mapped by a process (holder a PID), or held by
+        the kernel (holder says as what: a loop device's backing file, an active swap file)."""
+        if isinstance(holder, str):
+            if len(self.in_use) < 5:
+                self.in_use.append(f"{holder}: {printable(path)}")
+            self.skip("in-use", path, holder)
+            return
+        if holder is not None and holder not in self.holders and len(self.holders) < 5:
+            self.holders[holder] = describe(holder)
         self.skip("open", path)
 
     def add(self, item: Item) -> None:
@@ -205,6 +214,8 @@ _REASON_WORDS = {
     "open": "open by a process", "not-mirrored": "without an identical copy on the mirror",
     "mount-point": "holding a mount point", "kept": "kept by keep_last/keep_every",
     "unverifiable-open": "possibly open in a process that could not be inspected",
+    "in-use": "in use by the kernel (a loop device's backing file, an active swap file)",
+    "changed": "replaced or changed between judging and deleting",
 }
 
 
@@ -243,6 +254,7 @@ def summary_lines(report: CleanupReport) -> list[str]:
         lines.append(f"  nothing {'would go' if report.dry_run else 'went'}: {why_nothing(report)}")
     elif report.holders:
         lines.append("  open files kept: " + ", ".join(report.holders))
+    lines += [f"  kept: {held}" for held in report.in_use]
     return lines
 
 

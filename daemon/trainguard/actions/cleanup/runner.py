@@ -192,6 +192,7 @@ class CleanupRunner:
             goal=goal[0], goal_value=goal[1],
             items=tuple(t.items), planned_files=planned[0], planned_bytes=planned[1],
             uninspected=len(ctx.tools.open_files.uninspected), dirs_removed=t.dirs, blocked=tuple(t.blocked), blocked_paths=tuple(t.blocked_paths), top_dirs=t.top_dirs(), holders=tuple(t.holders.values()),
+            in_use=tuple(t.in_use),
         )
         log.info("%s", describe(report))
         return report

@@ -1,7 +1,8 @@
 """The rules that decide whether trainguard may touch a path at all (which roots: roots.py).
 
-- which files a process has open or mapped right now (/proc/*/fd and /proc/*/maps,
-  keyed by (st_dev, st_ino) so container path differences do not matter);
+- what is in use right now, keyed by (st_dev, st_ino) so container path differences do not
+  matter: files a process has open (/proc/*/fd) or mapped (/proc/*/maps), and files the kernel
+  holds (kernel_holders.py: loop devices' backing files, active swap files);
 - the grace period for files that may still be being written.
 """
 
@@ -9,42 +10,71 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from array import array
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Union
 
+from trainguard.actions.cleanup.kernel_holders import KernelHolders
 from trainguard.actions.cleanup.uninspected import HoldBack, Uninspected, read_uninspected
 from trainguard.rootcheck import home_dirs  # noqa: F401  (the runner finds the homes here)
 
 log = logging.getLogger(__name__)
 
+# Who holds a file: a PID, or what the kernel holds it as ("backing file of /dev/loop1 (mounted on /mnt)").
+Holder = Union[int, str]
+
+
+class _Index:
+    """One reading of /proc and the kernel's holders: never changed once built, so a thread that
+    took it reads one consistent state while another builds the next."""
+
+    __slots__ = ("keys", "loose", "sorted", "built_at", "unknown")
+
+    def __init__(self, keys: dict[tuple[int, int], Holder], built_at: float, unknown: dict[int, str]):
+        self.keys = keys
+        self.loose = any(dev == _ANY_DEV for dev, _ino in keys)  # some key is (_ANY_DEV, ino): see LOOSE_DEVS
+        self.sorted: dict[int, bytes] = {}  # inodes_on(dev), computed from these keys only
+        self.built_at = built_at
+        self.unknown = unknown
+
+
 class OpenFiles:
-    """Which (st_dev, st_ino) any process has open (fd) or mapped (mmap), from /proc.
+    """Which (st_dev, st_ino) are in use: open (fd) or mapped (mmap) by a process, from /proc, or
+    held by the kernel (a loop device's backing file, an active swap file: kernel_holders.py).
 
     Built without touching the filesystems the files live on, so a file open on a hung
     FUSE/NFS mount cannot wedge the sweep: the fd's inode and mount come from
     /proc/PID/fdinfo/N (ino, mnt_id), the mount's device from /proc/PID/mountinfo
     (read once per mount namespace), mappings from /proc/PID/maps. readlink of
     /proc/PID/fd/N only names the file and skips sockets, pipes and anon inodes.
+    Every holder is keyed the same way (hold()): on a filesystem whose st_dev is not the device
+    /proc shows (LOOSE_DEVS), an inode counts as in use on any device.
     Refreshed when older than max_age seconds, so the check just before a delete is
-    never staler than that. Processes whose fds cannot be read (another user's, when
+    never staler than that; one refresh at a time (worker threads judge too), each replacing
+    the whole index at once. Processes whose fds cannot be read (another user's, when
     not root) are kept in .uninspected; then .hold_back(lstat) says whether one of them
     could have an entry open (uninspected.py), so the engine keeps it (None: all inspected).
     """
 
-    def __init__(self, proc_root: str = "/proc", *, max_age: float = 1.0, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, proc_root: str = "/proc", *, max_age: float = 1.0, clock: Callable[[], float] = time.monotonic,
+                 sys_root: str = "/sys", dev_root: str = "/dev"):
         self.proc_root = proc_root
         self.max_age = max_age
         self.clock = clock
-        self._keys: dict[tuple[int, int], int] = {}  # (dev, ino) -> a PID holding it
-        self._loose = False  # some key is (_ANY_DEV, ino): see LOOSE_DEVS
-        self._sorted: dict[int, bytes] = {}  # inodes_on(dev), per refresh
-        self._built_at: float | None = None
+        self.kernel = KernelHolders(proc_root, sys_root, dev_root)
+        self._index = _Index({}, float("-inf"), {})
+        self._lock = threading.RLock()  # one refresh at a time
         self.uninspected: tuple[Uninspected, ...] = ()
         self.hold_back: HoldBack | None = None
 
     def refresh(self) -> None:
-        keys: dict[tuple[int, int], int] = {}
+        with self._lock:
+            self._index = self._read()
+
+    def _read(self) -> _Index:
+        started = self.clock()  # the index is as old as the moment its reading began
+        keys: dict[tuple[int, int], Holder] = {}
         uninspected: list[Uninspected] = []
         self_pid = str(os.getpid())
         devs_by_ns: dict[str, dict[int, int]] = {}
@@ -65,16 +95,16 @@ class OpenFiles:
                 if proc is not None:
                     uninspected.append(proc)
                 continue  # its maps are unreadable too
-            self._add_maps(pid, keys)
-        self._keys = keys
-        self._sorted = {}
-        self._loose = any(dev == _ANY_DEV for dev, _ino in keys)
+            self._add_maps(pid, keys, devs_by_ns)
+        held, unknown = self.kernel.read()
+        for h in held:
+            hold(keys, h.dev, h.ino, h.what)
         if tuple(uninspected) != self.uninspected:
             self.uninspected = tuple(uninspected)
             self.hold_back = HoldBack(uninspected) if uninspected else None
-        self._built_at = self.clock()
+        return _Index(keys, started, unknown)
 
-    def _add_fds(self, pid: str, keys: dict[tuple[int, int], int], devs_by_ns: dict[str, dict[int, int]]) -> None:
+    def _add_fds(self, pid: str, keys: dict[tuple[int, int], Holder], devs_by_ns: dict[str, dict[int, int]]) -> None:
         base = os.path.join(self.proc_root, pid)
         fds = os.listdir(os.path.join(base, "fd"))
         devs: dict[int, int] | None = None
@@ -90,70 +120,82 @@ class OpenFiles:
                 devs = mount_devs(base, devs_by_ns)
             dev = devs.get(mnt)
             if dev is not None and ino is not None:
-                keys.setdefault((dev, ino), int(pid))
-                if dev in LOOSE_DEVS:  # see mount_devs
-                    keys.setdefault((_ANY_DEV, ino), int(pid))
+                hold(keys, dev, ino, int(pid))
 
-    def _add_maps(self, pid: str, keys: dict[tuple[int, int], int]) -> None:
-        # A safetensors/np.memmap user may close its fd and keep only the mapping.
+    def _add_maps(self, pid: str, keys: dict[tuple[int, int], Holder], devs_by_ns: dict[str, dict[int, int]]) -> None:
+        # A safetensors/np.memmap user may close its fd and keep only the mapping. maps shows the device
+        # of the mount (as mountinfo does), so its namespace's loose devices must be known (mount_devs).
+        base = os.path.join(self.proc_root, pid)
         try:
-            with open(os.path.join(self.proc_root, pid, "maps"), encoding="ascii", errors="replace") as fh:
-                for line in fh:
-                    parts = line.split(None, 5)
-                    if len(parts) < 5 or parts[4] == "0":
-                        continue
-                    major, _, minor = parts[3].partition(":")
-                    try:
-                        keys.setdefault((os.makedev(int(major, 16), int(minor, 16)), int(parts[4])), int(pid))
-                    except ValueError:
-                        continue
+            with open(os.path.join(base, "maps"), encoding="ascii", errors="replace") as fh:
+                lines = [parts for parts in map(str.split, fh) if len(parts) >= 5 and parts[4] != "0"]
         except OSError:
             return
+        if lines:
+            mount_devs(base, devs_by_ns)
+        for parts in lines:
+            major, _, minor = parts[3].partition(":")
+            try:
+                hold(keys, os.makedev(int(major, 16), int(minor, 16)), int(parts[4]), int(pid))
+            except ValueError:
+                continue
 
-    def _fresh(self) -> None:
-        if self._built_at is None or self.clock() - self._built_at > self.max_age:
-            self.refresh()
+    def _fresh(self) -> _Index:
+        index = self._index
+        if self.clock() - index.built_at > self.max_age:
+            with self._lock:
+                if self._index is index:  # else another thread refreshed while this one waited
+                    self.refresh()
+                index = self._index
+        return index
 
     def unverifiable(self, st: os.stat_result) -> bool:
         """Whether a process this index could not inspect could have the entry (lstat st) open."""
         return self.hold_back is not None and self.hold_back(st)
 
+    def unknown(self, dev: int) -> str | None:
+        """What the kernel holds on device dev that could not be identified (its filesystem did not answer)."""
+        return self._fresh().unknown.get(dev)
+
     def keys(self):
         """The (dev, ino) index itself, for a hot loop's first look (then is_open or holder)."""
-        self._fresh()
-        return _AnyDevKeys(self._keys) if self._loose else self._keys
+        index = self._fresh()
+        return _AnyDevKeys(index.keys) if index.loose else index.keys
 
     def inodes_on(self, dev: int) -> bytes:
-        """The inodes open on device dev (and, loose devices, on any), sorted, as native uint64s:
+        """The inodes in use on device dev (and, loose devices, on any), sorted, as native uint64s:
         the form the compiled age loop searches (see age_fast.py)."""
-        self._fresh()
-        cached = self._sorted.get(dev)
+        index = self._fresh()
+        cached = index.sorted.get(dev)
         if cached is None:
-            inos = sorted({ino for d, ino in self._keys if d in (dev, _ANY_DEV)})
-            cached = self._sorted[dev] = array("Q", inos).tobytes()
+            inos = sorted({ino for d, ino in index.keys if d in (dev, _ANY_DEV)})
+            cached = index.sorted[dev] = array("Q", inos).tobytes()
         return cached
 
     def is_open(self, dev: int, ino: int) -> bool:
-        self._fresh()
-        return (dev, ino) in self._keys or (_ANY_DEV, ino) in self._keys
+        keys = self._fresh().keys
+        return (dev, ino) in keys or (_ANY_DEV, ino) in keys
 
     def any_open(self, inodes: Iterable[tuple[int, int]]) -> bool:
         self._fresh()
         return self.holder(inodes) is not None
 
-    def holder(self, inodes: Iterable[tuple[int, int]]) -> int | None:
-        """A PID that has one of inodes open or mapped (from the last refresh), or None."""
-        keys = self._keys
+    def holder(self, inodes: Iterable[tuple[int, int]]) -> Holder | None:
+        """Who holds one of inodes (from the last refresh): a PID, what the kernel holds it as, or None."""
+        keys = self._index.keys
         for dev, ino in inodes:
-            pid = keys.get((dev, ino))
-            if pid is None:
-                pid = keys.get((_ANY_DEV, ino))
-            if pid is not None:
-                return pid
+            found = keys.get((dev, ino))
+            if found is None:
+                found = keys.get((_ANY_DEV, ino))
+            if found is not None:
+                return found
         return None
 
-    def describe(self, pid: int) -> str:
-        """'PID 812 (python train.py)' for reports."""
+    def describe(self, holder: Holder) -> str:
+        """'PID 812 (python train.py)' for reports; a kernel holder says what it is."""
+        if isinstance(holder, str):
+            return holder
+        pid = holder
         try:
             with open(os.path.join(self.proc_root, str(pid), "cmdline"), "rb") as fh:
                 cmd = fh.read(4096).replace(b"\0", b" ").strip().decode("utf-8", "backslashreplace")
@@ -164,12 +206,19 @@ class OpenFiles:
         return f"PID {pid} ({cmd})" if cmd else f"PID {pid}"
 
 
+def hold(keys: dict[tuple[int, int], Holder], dev: int, ino: int, holder: Holder) -> None:
+    """Key one holder of (dev, ino): on a loose device (LOOSE_DEVS), the inode on any device too."""
+    keys.setdefault((dev, ino), holder)
+    if dev in LOOSE_DEVS:
+        keys.setdefault((_ANY_DEV, ino), holder)
+
+
 class _AnyDevKeys:
     """`key in` on the index, counting an inode open on a loose-device filesystem as open anywhere."""
 
     __slots__ = ("_keys",)
 
-    def __init__(self, keys: dict[tuple[int, int], int]):
+    def __init__(self, keys: dict[tuple[int, int], Holder]):
         self._keys = keys
 
     def __contains__(self, key: tuple[int, int]) -> bool:

@@ -1,0 +1,173 @@
+"""Files the kernel holds, not a process: the backing file of a loop device, an active swap file.
+
+No process has them open or mapped, so /proc/PID/fd and maps cannot show them; yet deleting the
+image behind a mounted loop device loses its data once it is unmounted, and an active swap file
+cannot be deleted at all (EPERM). safety.OpenFiles keeps them like open files, by (st_dev, st_ino):
+
+- loop devices: /sys/block/loopN/loop/backing_file says which file (its path as of now: it follows
+  renames and reads "... (deleted)" once unlinked) and whether it is attached; its identity comes
+  from the loop driver (LOOP_GET_STATUS64 on /dev/loopN: lo_device, lo_inode), right even when the
+  path is deleted or seen from another mount namespace; without /dev/loopN (a container), from an
+  lstat of the path;
+- swap files: /proc/swaps, type "file", identified by an lstat of the path.
+
+Either way the identity is an attribute lookup on the backing file's filesystem. A local one answers
+from memory; a network or FUSE one may hang (DESIGN: the in-use check must not hang on a share), so
+there the lookup runs on a helper thread, is waited for ANSWER seconds, and is not asked again while
+it has not answered. Such a holder is `unknown`, by the device of the mount its path is on; cleanup
+leaves a root on that filesystem alone until it answers.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import struct
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+from trainguard.records import Mount, MountKind
+from trainguard.sources.mounts import containing_mount, read_mounts, unescape
+
+log = logging.getLogger(__name__)
+
+LOOP_GET_STATUS64 = 0x4C05
+_LOOP_INFO64 = struct.Struct("=QQ")  # struct loop_info64 begins with lo_device, lo_inode
+_LOOP_INFO64_SIZE = 232
+DELETED = " (deleted)"
+ANSWER = 1.0  # seconds a network or FUSE filesystem gets to say a backing file's device and inode
+_MAY_HANG = (MountKind.NETWORK, MountKind.FUSE)
+
+
+@dataclass(frozen=True, slots=True)
+class KernelHolder:
+    dev: int
+    ino: int
+    what: str  # "backing file of /dev/loop1 (mounted on /mnt/data)", "active swap file"
+
+
+class KernelHolders:
+    """Reads the kernel's holders; keeps the questions still out to a filesystem that did not answer."""
+
+    def __init__(self, proc_root: str = "/proc", sys_root: str = "/sys", dev_root: str = "/dev"):
+        self.proc_root, self.sys_root, self.dev_root = proc_root, sys_root, dev_root
+        self._asking: dict[str, _Question] = {}
+
+    def read(self) -> tuple[list[KernelHolder], dict[int, str]]:
+        """(the holders identified, {device of a mount that did not answer: what it holds there})."""
+        loops, swaps = self._loops(), self._swaps()
+        if not loops and not swaps:
+            return [], {}  # the usual case: no mount table read
+        try:
+            mounts = read_mounts(self.proc_root, own=True)
+        except OSError:
+            mounts = []
+        found = [(path, _loop_what(name, mounts), lambda d=os.path.join(self.dev_root, name), p=path: _loop_identity(d, p))
+                 for name, path in loops]
+        found += [(path, "active swap file", lambda p=path: _lstat_identity(p)) for path in swaps]
+        held: list[KernelHolder] = []
+        unknown: dict[int, str] = {}
+        for path, what, identify in found:
+            mount = containing_mount(path.removesuffix(DELETED), mounts) if path.startswith("/") else None
+            if mount is not None and mount.kind in _MAY_HANG:
+                ident = self._ask(path, identify)
+                if ident is None:
+                    unknown[os.makedev(mount.major, mount.minor)] = f"{what}: {path}"
+                    continue
+            else:
+                try:
+                    ident = identify()
+                except OSError as exc:
+                    ident = exc
+            if isinstance(ident, OSError):  # gone meanwhile, or not reachable from here
+                log.debug("cleanup: cannot identify the %s %s: %s", what, path, ident)
+                continue
+            held.append(KernelHolder(ident[0], ident[1], what))
+        return held, unknown
+
+    def _loops(self) -> list[tuple[str, str]]:
+        """(loopN, backing file path) of every attached loop device."""
+        base = os.path.join(self.sys_root, "block")
+        try:
+            names = sorted(n for n in os.listdir(base) if n.startswith("loop"))
+        except OSError:
+            return []
+        found = []
+        for name in names:
+            try:
+                with open(os.path.join(base, name, "loop", "backing_file"), encoding="utf-8",
+                          errors="surrogateescape") as fh:
+                    found.append((name, fh.read().rstrip("\n")))
+            except OSError:
+                continue  # not attached
+        return found
+
+    def _swaps(self) -> list[str]:
+        try:
+            with open(os.path.join(self.proc_root, "swaps"), encoding="utf-8", errors="surrogateescape") as fh:
+                lines = fh.read().splitlines()[1:]
+        except OSError:
+            return []
+        return [unescape(parts[0]) for parts in map(str.split, lines) if len(parts) >= 2 and parts[1] == "file"]
+
+    def _ask(self, key: str, identify: Callable[[], tuple[int, int]]) -> tuple[int, int] | OSError | None:
+        """identify() on a helper thread: its answer, or None while it has not answered. A new question is
+        waited for ANSWER seconds; one still out from an earlier reading is not waited for again."""
+        question = self._asking.get(key)
+        if question is None:
+            question = self._asking[key] = _Question(identify)
+            question.done.wait(ANSWER)
+        if not question.done.is_set():
+            if not question.told:
+                question.told = True
+                log.warning("cleanup: the filesystem of %s has not said in %.0f s which file it is; "
+                            "roots on that filesystem are left alone until it does", key, ANSWER)
+            return None
+        del self._asking[key]
+        return question.answer
+
+
+def _loop_what(name: str, mounts: list[Mount]) -> str:
+    """"backing file of /dev/loop1 (mounted on /mnt/data)": where it, or a partition of it, is mounted."""
+    where = [m.mount_point for m in mounts
+             if m.source == f"/dev/{name}" or (m.source.startswith(f"/dev/{name}p") and m.source[len(name) + 6:].isdigit())]
+    return f"backing file of /dev/{name} " + (f"(mounted on {', '.join(where)})" if where else "(attached, not mounted)")
+
+
+class _Question:
+    def __init__(self, identify: Callable[[], tuple[int, int]]):
+        self.done = threading.Event()
+        self.answer: tuple[int, int] | OSError | None = None
+        self.told = False  # the warning that it does not answer was logged
+        threading.Thread(target=self._run, args=(identify,), name="cleanup-identify", daemon=True).start()
+
+    def _run(self, identify: Callable[[], tuple[int, int]]) -> None:
+        try:
+            self.answer = identify()
+        except OSError as exc:
+            self.answer = exc
+        self.done.set()
+
+
+def _loop_identity(device: str, path: str) -> tuple[int, int]:
+    """(st_dev, st_ino) of a loop device's backing file, from the driver; else from its path."""
+    try:
+        fd = os.open(device, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        if path.endswith(DELETED):
+            raise
+        return _lstat_identity(path)
+    try:
+        info = bytearray(_LOOP_INFO64_SIZE)
+        fcntl.ioctl(fd, LOOP_GET_STATUS64, info)
+    finally:
+        os.close(fd)
+    return _LOOP_INFO64.unpack_from(info)  # lo_device is encoded as st_dev is
+
+
+def _lstat_identity(path: str) -> tuple[int, int]:
+    st = os.lstat(path)
+    return st.st_dev, st.st_ino
+
