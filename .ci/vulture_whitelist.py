@@ -44,7 +44,7 @@ _.short_by  # guard/space.py: Fit.short_by, the bytes a checkpoint lacks, for tr
 translated_sources  # notify/texts_gpu.py: scripts/i18n.py collects the catalog's sources with it
 
 # Fields of records that callers and the tests read; the package itself only fills them.
-dirs_removed  # actions/cleanup/report.py: CleanupReport, asserted by the cleanup tests
+dirs_removed  # actions/cleanup/record/report.py: CleanupReport, asserted by the cleanup tests
 newest_mtime  # records.py: CheckpointFact, read by tests/test_next_checkpoint.py
 newest_path
 rchar  # sources/procs.py: IoCounters, read by name through diagnosis/threads.IO_FIELDS
@@ -57,12 +57,12 @@ last_copy  # actions/mirror/record.py: what the record says was last copied of o
 _.rounds  # actions/mirror/worker.py: finished rounds per mirror (bench/, docs/mirror.md)
 _.wait_rounds
 
-# actions/cleanup/logfile.py: the fallocate flag named beside the one used; Rotated.lines_window_s is set by
+# actions/cleanup/kinds/logfile.py: the fallocate flag named beside the one used; Rotated.lines_window_s is set by
 # a truncating rotation (the window logrotate also has) and read by no code yet.
 FALLOC_FL_KEEP_SIZE
 lines_window_s
 
-# actions/cleanup/agerules.py: _agescan.c's result codes, all named so the numbers match the C enum; the Python
+# actions/cleanup/engine/agerules.py: _agescan.c's result codes, all named so the numbers match the C enum; the Python
 # side compares only some of them.
 IGNORED
 IS_DIR

@@ -4,7 +4,7 @@
 
 On a fresh loop-mounted ext4 and a tmpfs (needs root), a child process appends numbered lines
 (O_APPEND, as logging.FileHandler does) while the log is rotated every `--every` seconds, first by
-the logs policy (actions/cleanup/rotate.py), then, as the reference, by `logrotate -f` with
+the logs policy (actions/cleanup/kinds/logs.py), then, as the reference, by `logrotate -f` with
 copytruncate + compress (skipped when logrotate is not installed). Afterwards every generation and
 the live file are read back and the step numbers counted: lines lost, lines seen twice, and the
 ratio of lost lines against logrotate in the same run.
@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "daemon"))
 
 from trainguard import config as configmod  # noqa: E402
-from trainguard.actions.cleanup.rotate import rotate_logs  # noqa: E402
+from trainguard.actions.cleanup.kinds.logs import rotate_logs  # noqa: E402
 
 from tests.support.log_writer import LogWriter, pieces, steps  # noqa: E402
 from tests.support.mounts import loop_ext4, tmpfs  # noqa: E402

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 from trainguard import config
-from trainguard.actions.cleanup import age_fast
-from trainguard.actions.cleanup import policies as sel
-from trainguard.actions.cleanup.audit import AuditLog
+from trainguard.actions.cleanup import selection as sel
+from trainguard.actions.cleanup.engine import agepass
+from trainguard.actions.cleanup.record.audit import AuditLog
 from trainguard.actions.cleanup.runner import CleanupRunner, findings_for
-from trainguard.actions.cleanup.roots import UnsafeRoot, open_checked_root
+from trainguard.actions.cleanup.safety.roots import UnsafeRoot, open_checked_root
 from trainguard.actions.cleanup.worker import Scheduler
 from trainguard.records import FsSample, Mount, MountKind, Severity, Snapshot
 from trainguard.sources.fs import usage_from_statvfs
@@ -255,9 +255,9 @@ def test_parent_swapped_for_symlink_just_before_delete_cannot_redirect_it(tmp_pa
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["python-judge", "compiled-judge"])
 def test_file_vanishing_between_scan_and_delete_is_skipped(tmp_path, monkeypatch, compiled):
-    if compiled and not age_fast.ENABLED:
-        pytest.skip("trainguard.actions.cleanup._agescan is not built")
-    monkeypatch.setattr(age_fast, "ENABLED", compiled)
+    if compiled and not agepass.ENABLED:
+        pytest.skip("trainguard.actions.cleanup.engine._agescan is not built")
+    monkeypatch.setattr(agepass, "ENABLED", compiled)
     root = tmp_path / "root"
     for i in range(3):
         make(root / f"f{i}.dat")

@@ -1,4 +1,4 @@
-"""Counting ahead (actions/cleanup/ahead.py): a count judges subdirectories on several threads. It
+"""Counting ahead (actions/cleanup/engine/ahead.py): a count judges subdirectories on several threads. It
 must decide exactly as the walk alone does, on real trees, and keep the walk's rules: a directory
 renamed out of the root before its batch is not counted (nor deleted by the guarded run after it),
 and no fd is left open."""
@@ -9,12 +9,12 @@ import os
 import threading
 
 import pytest
-from trainguard.actions.cleanup import age_fast, agerules, ahead
+from trainguard.actions.cleanup.engine import agepass, agerules, ahead
 
 from tests.test_cleanup import DAY, holder, make, names, policy, runner
 
 needs_extension = pytest.mark.skipif(
-    not age_fast.ENABLED, reason="trainguard.actions.cleanup._agescan is not built (no C compiler at install time)")
+    not agepass.ENABLED, reason="trainguard.actions.cleanup.engine._agescan is not built (no C compiler at install time)")
 
 GUARDED = dict(type="age", age_by=["mtime"], older_than="3d", max_delete="100000 files")
 
@@ -58,7 +58,7 @@ def _same(a, b) -> None:
 @needs_extension
 @pytest.mark.parametrize("dry", [True, False], ids=["dry-run", "guarded-delete"])
 def test_a_count_ahead_decides_as_the_walk_alone(tmp_path, monkeypatch, dry):
-    monkeypatch.setattr(age_fast, "READ_BYTES", 1024)
+    monkeypatch.setattr(agepass, "READ_BYTES", 1024)
     for name in ("ahead", "alone"):
         _tree(tmp_path / name)
     with holder(tmp_path / "ahead" / "p2" / "leaf04" / "f1.dat", "open"), \

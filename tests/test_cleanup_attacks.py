@@ -242,13 +242,13 @@ def test_non_utf8_names_are_printed_escaped(tmp_path):
 @pytest.mark.parametrize("moved", ["the directory", "its parent"])
 @pytest.mark.parametrize("compiled", [False, True], ids=["python-judge", "compiled-judge"])
 def test_a_directory_renamed_out_of_the_root_during_a_run_is_not_cleaned_further(tmp_path, monkeypatch, compiled, moved):
-    from trainguard.actions.cleanup import age_fast
-    from trainguard.actions.cleanup.audit import AuditLog
+    from trainguard.actions.cleanup.engine import agepass
+    from trainguard.actions.cleanup.record.audit import AuditLog
 
-    if compiled and not age_fast.ENABLED:
-        pytest.skip("trainguard.actions.cleanup._agescan is not built")
-    monkeypatch.setattr(age_fast, "ENABLED", compiled)
-    monkeypatch.setattr(age_fast, "READ_BYTES", 1024)  # ~30 names a batch: several in one directory
+    if compiled and not agepass.ENABLED:
+        pytest.skip("trainguard.actions.cleanup.engine._agescan is not built")
+    monkeypatch.setattr(agepass, "ENABLED", compiled)
+    monkeypatch.setattr(agepass, "READ_BYTES", 1024)  # ~30 names a batch: several in one directory
     root, outside = tmp_path / "root", tmp_path / "outside"
     outside.mkdir()
     for i in range(200):
@@ -284,12 +284,12 @@ def test_a_directory_renamed_out_of_the_root_after_a_guarded_count_is_not_cleane
     """A guarded run deletes what its count remembered, reopening each directory below the root: one
     renamed away since is not followed, and one renamed away between two batches is noticed before
     the next."""
-    from trainguard.actions.cleanup import age_fast, remembered
-    from trainguard.actions.cleanup.audit import AuditLog
+    from trainguard.actions.cleanup.engine import agepass, remembered
+    from trainguard.actions.cleanup.record.audit import AuditLog
 
-    if compiled and not age_fast.ENABLED:
-        pytest.skip("trainguard.actions.cleanup._agescan is not built")
-    monkeypatch.setattr(age_fast, "ENABLED", compiled)
+    if compiled and not agepass.ENABLED:
+        pytest.skip("trainguard.actions.cleanup.engine._agescan is not built")
+    monkeypatch.setattr(agepass, "ENABLED", compiled)
     monkeypatch.setattr(remembered, "CHUNK", 30)
     root, outside = tmp_path / "root", tmp_path / "outside"
     outside.mkdir()

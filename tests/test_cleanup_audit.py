@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from tests.support.cli import trainguard
-from trainguard.actions.cleanup.audit import AuditLog, read_freed
+from trainguard.actions.cleanup.record.audit import AuditLog, read_freed
 
 NOW = 1_800_000_000.0
 OLD_SCHEMA = """

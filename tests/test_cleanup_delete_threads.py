@@ -1,5 +1,5 @@
 """A guarded run deletes what its count remembered on several threads, one directory each
-(actions/cleanup/remembered.py). It must leave what one thread leaves, with the same counts and
+(actions/cleanup/engine/remembered.py). It must leave what one thread leaves, with the same counts and
 audit rows, keep max_delete a hard bound when more is deletable than was counted, and after an
 error close every directory, stop its threads and still record what went."""
 
@@ -11,13 +11,13 @@ import sqlite3
 import threading
 
 import pytest
-from trainguard.actions.cleanup import age_fast, agerules, remembered
-from trainguard.actions.cleanup.audit import AuditLog
+from trainguard.actions.cleanup.engine import agepass, agerules, remembered
+from trainguard.actions.cleanup.record.audit import AuditLog
 
 from tests.test_cleanup import DAY, holder, make, names, policy, runner
 
 pytestmark = pytest.mark.skipif(
-    not age_fast.ENABLED, reason="trainguard.actions.cleanup._agescan is not built (no C compiler at install time)")
+    not agepass.ENABLED, reason="trainguard.actions.cleanup.engine._agescan is not built (no C compiler at install time)")
 
 
 def _tree(root, dirs: int = 12, files: int = 20) -> None:

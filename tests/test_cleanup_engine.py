@@ -9,8 +9,8 @@ import random
 import time
 
 import pytest
-from trainguard.actions.cleanup import age_fast
-from trainguard.actions.cleanup.safety import OpenFiles
+from trainguard.actions.cleanup.engine import agepass
+from trainguard.actions.cleanup.safety.inuse import OpenFiles
 
 from tests.support.cli import trainguard
 from tests.test_cleanup import DAY, holder, make, names, policy, runner
@@ -33,7 +33,7 @@ def test_one_pass_deletes_what_two_passes_would(tmp_path):
 def python_loop(monkeypatch):
     """The per-entry Python loop, whose hooks fire between judging and deleting one entry
     (tests/test_cleanup_fastpath.py runs the same attacks on the compiled loop)."""
-    monkeypatch.setattr(age_fast, "ENABLED", False)
+    monkeypatch.setattr(agepass, "ENABLED", False)
 
 
 def test_one_pass_a_name_swapped_for_a_symlink_just_before_the_delete_keeps_link_and_target(tmp_path, python_loop):
@@ -161,11 +161,11 @@ def test_a_due_entry_the_open_file_index_holds_back_stays(tmp_path, max_delete):
 @pytest.mark.parametrize("compiled", [False, True], ids=["python-judge", "compiled-judge"])
 def test_max_delete_is_a_hard_bound_when_more_becomes_due_after_the_count(tmp_path, monkeypatch, compiled,
                                                                           remembered):
-    from trainguard.actions.cleanup import remembered as remembering
+    from trainguard.actions.cleanup.engine import remembered as remembering
 
-    if compiled and not age_fast.ENABLED:
-        pytest.skip("trainguard.actions.cleanup._agescan is not built")
-    monkeypatch.setattr(age_fast, "ENABLED", compiled)
+    if compiled and not agepass.ENABLED:
+        pytest.skip("trainguard.actions.cleanup.engine._agescan is not built")
+    monkeypatch.setattr(agepass, "ENABLED", compiled)
     if not remembered:  # more due than the count may remember: the deletion walks the roots again
         monkeypatch.setattr(remembering, "BUDGET", 0)
     roots = [tmp_path / "one", tmp_path / "two"]

@@ -1,4 +1,4 @@
-"""The compiled age loop (actions/cleanup/_agescan.c): the same decisions as the Python loop on
+"""The compiled age loop (actions/cleanup/engine/_agescan.c): the same decisions as the Python loop on
 the same trees, and the same attacks the Python loop is tested with, on real files and processes."""
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ import threading
 import time
 
 import pytest
-from trainguard.actions.cleanup import age_fast
-from trainguard.actions.cleanup.audit import AuditLog
-from trainguard.actions.cleanup.safety import OpenFiles
+from trainguard.actions.cleanup.engine import agepass
+from trainguard.actions.cleanup.record.audit import AuditLog
+from trainguard.actions.cleanup.safety.inuse import OpenFiles
 
 from tests.support.cli import cli_env
 from tests.test_cleanup import DAY, holder, make, names, policy, runner
 
 needs_extension = pytest.mark.skipif(
-    not age_fast.ENABLED, reason="trainguard.actions.cleanup._agescan is not built (no C compiler at install time)")
+    not agepass.ENABLED, reason="trainguard.actions.cleanup.engine._agescan is not built (no C compiler at install time)")
 
 ONE_PASS = dict(type="age", age_by=["mtime"], max_delete=False, older_than="3d")
 
@@ -30,13 +30,13 @@ ONE_PASS = dict(type="age", age_by=["mtime"], max_delete=False, older_than="3d")
 def test_the_extension_is_built_where_ci_installs_the_package():
     if os.environ.get("CI") != "true":
         pytest.skip("only CI promises a C compiler at install time")
-    assert age_fast.ENABLED, "pip install . built no _agescan: is gcc or the Python headers missing?"
+    assert agepass.ENABLED, "pip install . built no _agescan: is gcc or the Python headers missing?"
 
 
 # `python -m trainguard ...` as the CLI runs it, counting the compiled loop's batches in that process.
 COUNTED_CLI = """
 import atexit, runpy, sys
-from trainguard.actions.cleanup import _agescan
+from trainguard.actions.cleanup.engine import _agescan
 batches = []
 age_batch = _agescan.age_batch
 _agescan.age_batch = lambda *a: batches.append(1) or age_batch(*a)
@@ -102,7 +102,7 @@ def _tree(root, seed: int) -> None:
 def _run(tmp_path, monkeypatch, name: str, compiled: bool, dry: bool, **kw):
     root = tmp_path / name
     _tree(root, 3)
-    monkeypatch.setattr(age_fast, "ENABLED", compiled)
+    monkeypatch.setattr(agepass, "ENABLED", compiled)
     report = runner(tmp_path, DAY).run(policy(name=name, roots=[str(root)], **kw), dry_run=dry)
     return report, names(root)
 
@@ -189,7 +189,7 @@ def test_names_swapped_for_symlinks_while_the_loop_runs_never_lose_a_target(tmp_
 
 @needs_extension
 def test_a_file_opened_between_batches_stays_and_names_its_holder(tmp_path, monkeypatch):
-    monkeypatch.setattr(age_fast, "READ_BYTES", 1024)  # ~30 names a batch: several in one directory
+    monkeypatch.setattr(agepass, "READ_BYTES", 1024)  # ~30 names a batch: several in one directory
     root = tmp_path / "root"
     files = [make(root / f"f{i:03d}.dat") for i in range(100)]
     now = [0.0]
@@ -267,10 +267,10 @@ def test_a_guarded_run_deletes_what_the_one_pass_deletes(tmp_path, monkeypatch, 
     """The guarded run counts and remembers what is due, then deletes only that (remembered.py); past
     its memory budget it walks again. Both leave the tree the single pass leaves, empty directories
     removed alike, with the same counts."""
-    from trainguard.actions.cleanup import remembered
+    from trainguard.actions.cleanup.engine import remembered
 
-    if compiled and not age_fast.ENABLED:
-        pytest.skip("trainguard.actions.cleanup._agescan is not built")
+    if compiled and not agepass.ENABLED:
+        pytest.skip("trainguard.actions.cleanup.engine._agescan is not built")
     results = {}
     for mode, guard in GUARDED.items():
         monkeypatch.setattr(remembered, "BUDGET", 0 if mode == "walked again" else 16 << 20)

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from trainguard.actions.cleanup import age_fast
-from trainguard.actions.cleanup.safety import OpenFiles
+from trainguard.actions.cleanup.engine import agepass
+from trainguard.actions.cleanup.safety.inuse import OpenFiles
 
 from tests.support.mounts import root_reason
 from tests.test_cleanup import DAY, holder, make, names, policy, runner
@@ -24,7 +24,7 @@ from tests.support.cli import trainguard
 
 MODES = {"one-pass": dict(max_delete=False), "guarded": dict(max_delete=10000), "dry-run": dict(max_delete=10000)}
 AGE = dict(type="age", age_by=["mtime"], older_than="7d", grace="0s")
-BUILT = age_fast.ENABLED  # before any test turns it off
+BUILT = agepass.ENABLED  # before any test turns it off
 
 
 def _sh(*argv: str) -> str:
@@ -107,8 +107,8 @@ def mapped_and_closed(path: Path):
 
 def _judge(monkeypatch, judge: str) -> None:
     if judge == "compiled" and not BUILT:
-        pytest.skip("trainguard.actions.cleanup._agescan is not built")
-    monkeypatch.setattr(age_fast, "ENABLED", judge == "compiled")
+        pytest.skip("trainguard.actions.cleanup.engine._agescan is not built")
+    monkeypatch.setattr(agepass, "ENABLED", judge == "compiled")
 
 
 def _run(tmp_path, root: Path, mode: str, **kw):

@@ -1,4 +1,4 @@
-"""Deleting by quarantine (actions/cleanup/quarantine.py): a file renamed over a judged name between
+"""Deleting by quarantine (actions/cleanup/engine/quarantine.py): a file renamed over a judged name between
 the judge's lstat and the delete is put back, never deleted, by both judges, on a filesystem with
 RENAME_NOREPLACE and on one without (FUSE); max_delete and the audit count only what went; a
 private name left by an interrupted run is finished by the next."""
@@ -10,20 +10,20 @@ import shutil
 import sqlite3
 
 import pytest
-from trainguard.actions.cleanup import age_fast, quarantine
-from trainguard.actions.cleanup.audit import AuditLog
+from trainguard.actions.cleanup.engine import agepass, quarantine
+from trainguard.actions.cleanup.record.audit import AuditLog
 
 from tests.test_cleanup import DAY, make, names, policy, runner
 
-BUILT = age_fast.ENABLED  # before any test turns it off
+BUILT = agepass.ENABLED  # before any test turns it off
 MODES = {"one-pass": dict(max_delete=False), "guarded": dict(max_delete=None)}  # None: the count exactly
 AGE = dict(type="age", age_by=["mtime"], older_than="3d", grace="0s")
 
 
 def _judge(monkeypatch, judge: str) -> None:
     if judge == "compiled" and not BUILT:
-        pytest.skip("trainguard.actions.cleanup._agescan is not built")
-    monkeypatch.setattr(age_fast, "ENABLED", judge == "compiled")
+        pytest.skip("trainguard.actions.cleanup.engine._agescan is not built")
+    monkeypatch.setattr(agepass, "ENABLED", judge == "compiled")
 
 
 def _race(tmp_path, root, mode: str, races: int, dirs: int = 4):
@@ -101,8 +101,8 @@ def test_a_private_name_left_by_an_interrupted_run_is_finished_by_the_next(tmp_p
 
 def test_both_judges_use_one_private_prefix():
     if not BUILT:
-        pytest.skip("trainguard.actions.cleanup._agescan is not built")
-    from trainguard.actions.cleanup import _agescan
+        pytest.skip("trainguard.actions.cleanup.engine._agescan is not built")
+    from trainguard.actions.cleanup.engine import _agescan
 
     assert _agescan.PRIVATE_PREFIX == quarantine.PREFIX
 

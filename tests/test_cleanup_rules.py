@@ -15,10 +15,10 @@ from array import array
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from trainguard.actions.cleanup import agerules
-from trainguard.actions.cleanup.agerules import Bound, Rule
+from trainguard.actions.cleanup.engine import agerules
+from trainguard.actions.cleanup.engine.agerules import Bound, Rule
 
-pytestmark = pytest.mark.skipif(agerules._agescan is None, reason="trainguard.actions.cleanup._agescan is not built")
+pytestmark = pytest.mark.skipif(agerules._agescan is None, reason="trainguard.actions.cleanup.engine._agescan is not built")
 
 DAY = 86400.0
 T0 = math.floor(time.time())

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.daemon_proc import REPO
-from trainguard.actions.cleanup.uninspected import HoldBack, Uninspected, read_uninspected
+from trainguard.actions.cleanup.safety.uninspected import HoldBack, Uninspected, read_uninspected
 
 RUNNER, HOLDER = 65533, 65534  # the cleanup's user, the other user (nobody)
 OLD = time.time() - 30 * 86400
@@ -178,7 +178,7 @@ def test_a_root_process_that_cannot_be_inspected_could_have_any_file_open(tree):
 
 
 def test_the_report_and_its_message_say_what_was_kept_and_why():
-    from trainguard.actions.cleanup.report import CleanupReport, RootReport, findings_for, summary_lines
+    from trainguard.actions.cleanup.record.report import CleanupReport, RootReport, findings_for, summary_lines
     from trainguard.i18n import tr
     from trainguard.notify.texts import texts_for
 

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from tests.support.cli import DAEMON_SRC, cli_env, trainguard
-from trainguard.actions.cleanup import age_fast
+from trainguard.actions.cleanup.engine import agepass
 
 NOT_BUILT = "cleanup: compiled loop not built, Python loop in use (install a C compiler and reinstall)"
 
@@ -29,7 +29,7 @@ def without_loop(tmp_path):
 
 
 def test_check_config_says_the_compiled_loop_is_active_when_built(tmp_path):
-    if not age_fast.ENABLED:
+    if not agepass.ENABLED:
         pytest.skip("the compiled loop is not built in this checkout (python3 setup.py build_ext --inplace)")
     path = _config(tmp_path)
     text = trainguard("check-config", str(path))
@@ -57,7 +57,7 @@ def test_check_config_and_status_say_when_the_python_loop_is_in_use(tmp_path, wi
 
 
 def test_status_says_the_compiled_loop_is_active_when_built(tmp_path):
-    if not age_fast.ENABLED:
+    if not agepass.ENABLED:
         pytest.skip("the compiled loop is not built in this checkout (python3 setup.py build_ext --inplace)")
     state = ["--config", str(_config(tmp_path)), "--state-dir", str(tmp_path / "s")]
     doc = json.loads(trainguard("status", "--json", *state).stdout)

@@ -143,7 +143,7 @@ def test_the_image_wheel_carries_the_compiled_cleanup_loop(tmp_path):
     import zipfile
 
     names = zipfile.ZipFile(wheel).namelist()
-    assert [n for n in names if n.startswith("trainguard/actions/cleanup/_agescan") and n.endswith(".so")], names
+    assert [n for n in names if n.startswith("trainguard/actions/cleanup/engine/_agescan") and n.endswith(".so")], names
 
     (copy,) = [i for i in runtime if i.cmd == "COPY" and "--from=builder" in i.flags]
     assert copy.value[0] == f"{workdir}/wheels"
@@ -157,7 +157,7 @@ def test_the_image_wheel_carries_the_compiled_cleanup_loop(tmp_path):
         done = subprocess.run(["sh", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True,
                               timeout=300)
         assert done.returncode == 0, (command, done.stdout[-3000:], done.stderr[-3000:])
-    where = subprocess.run(["python", "-c", "import trainguard.actions.cleanup._agescan as m; print(m.__file__)"],
+    where = subprocess.run(["python", "-c", "import trainguard.actions.cleanup.engine._agescan as m; print(m.__file__)"],
                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=True).stdout
     assert where.startswith(str(venv)), where
 

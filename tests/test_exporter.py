@@ -214,7 +214,7 @@ def test_scrape_while_a_mount_hangs_returns_promptly_with_responsive_0(tmp_path,
 
 def test_cleanup_freed_counter_follows_the_audit_totals(tmp_path):
     from trainguard import config as configmod
-    from trainguard.actions.cleanup.audit import AuditLog
+    from trainguard.actions.cleanup.record.audit import AuditLog
     from trainguard.service.daemon import Daemon
     from trainguard.store.state import StateDb
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from trainguard.actions.cleanup.audit import read_freed
+from trainguard.actions.cleanup.record.audit import read_freed
 from trainguard.records import AlertStatus, Severity
 
 from tests.support.clock import FakeClock

@@ -257,7 +257,7 @@ def test_a_credential_in_a_watched_log_line_never_reaches_a_message():
 def test_the_findings_the_code_builds_carry_what_their_renderers_read(tmp_path):
     """The renderers read facts from details: built by the real code, no kind falls back to English."""
     from trainguard import guardspool
-    from trainguard.actions.cleanup.report import (
+    from trainguard.actions.cleanup.record.report import (
         CleanupReport,
         RootReport,
         findings_for,

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 from trainguard import config as configmod
-from trainguard.actions.cleanup.audit import AuditLog
-from trainguard.actions.cleanup.rotate import rotate_logs
+from trainguard.actions.cleanup.kinds.logs import rotate_logs
+from trainguard.actions.cleanup.record.audit import AuditLog
 from trainguard.actions.cleanup.runner import CleanupRunner, findings_for
 
 from tests.support.log_writer import LogWriter, pieces, steps

@@ -1,1 +1,2 @@
-"""Actions trainguard takes on its own: cleanup policies (walker, safety, policies, runner, audit, worker)."""
+"""Actions trainguard takes on its own: cleanup policies (cleanup/), mirror copies (mirror/), and what
+trainers' save-time guard did, turned into alerts and audit rows (guard_inbox)."""

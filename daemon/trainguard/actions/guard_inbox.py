@@ -15,8 +15,8 @@ import time
 from typing import Callable
 
 from trainguard import guardspool
-from trainguard.actions.cleanup.audit import AUDIT_RETENTION, AuditLog
-from trainguard.actions.cleanup.roots import mount_point_of
+from trainguard.actions.cleanup.record.audit import AUDIT_RETENTION, AuditLog
+from trainguard.actions.cleanup.safety.roots import mount_point_of
 from trainguard.records import Finding, Severity
 from trainguard.units import format_bytes
 

@@ -10,8 +10,8 @@ from trainguard.cli.common import EXIT_CONFIG, EXIT_CRITICAL, EXIT_OK, load
 
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
-    from trainguard.actions.cleanup.audit import AuditLog
-    from trainguard.actions.cleanup.report import printable, summary_lines, watermark_now
+    from trainguard.actions.cleanup.record.audit import AuditLog
+    from trainguard.actions.cleanup.record.report import printable, summary_lines, watermark_now
     from trainguard.actions.cleanup.runner import CleanupRunner, Item
     from trainguard.store.state import SCHEMA, StateDb, StateDirError, choose_state_dir
     from trainguard.units import format_bytes, format_duration

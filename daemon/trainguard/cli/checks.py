@@ -24,7 +24,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_CONFIG
     effective = configmod.dump(loaded.config)
-    from trainguard.actions.cleanup.compiled import loop_doc
+    from trainguard.actions.cleanup.engine.compiled import loop_doc
 
     loop = loop_doc()
     if args.json:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from trainguard import config as configmod
-from trainguard.actions.cleanup.audit import freed_totals
+from trainguard.actions.cleanup.record.audit import freed_totals
 from trainguard.actions.guard_inbox import GuardInbox
 from trainguard.alerts.lifecycle import Lifecycle
 from trainguard.clock import Clock, SystemClock

@@ -11,8 +11,8 @@ from dataclasses import replace
 from typing import Any, Sequence
 
 from trainguard import config as configmod
-from trainguard.actions.cleanup.audit import read_freed
-from trainguard.actions.cleanup.compiled import loop_doc
+from trainguard.actions.cleanup.engine.compiled import loop_doc
+from trainguard.actions.cleanup.record.audit import read_freed
 from trainguard.alerts import lifecycle as alerts
 from trainguard.clock import Clock, SystemClock
 from trainguard.detectors import DetectorInput, evaluate

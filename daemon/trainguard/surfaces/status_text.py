@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Sequence
 
-from trainguard.actions.cleanup.compiled import loop_line
+from trainguard.actions.cleanup.engine.compiled import loop_line
 from trainguard.i18n import N_, Gettext, format_when, tr
 from trainguard.notify.messages import SEVERITY_WORDS
 from trainguard.notify.texts import Texts, texts_for

@@ -2,7 +2,7 @@
 mount points known), how much a watermark run must free, and the max_delete guard.
 
 The per-entry rules (never across a mount, never an open file, never within grace, the
-re-check before each unlink) live with the walk (walker.py, safety.py) and the kinds.
+re-check before each unlink) live with the walk (engine/), the in-use index (safety/inuse.py) and the kinds.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import math
 import os
 from dataclasses import dataclass
 
-from trainguard.actions.cleanup.report import Tally
-from trainguard.actions.cleanup.roots import (
+from trainguard.actions.cleanup.record.report import Tally
+from trainguard.actions.cleanup.safety.roots import (
     OpenedRoot,
     UnsafeRoot,
     mount_point_of,

@@ -1,7 +1,7 @@
 """The interface every cleanup kind implements, and the context one policy run hands it.
 
 A kind (checkpoints, age, the caches; later logs rotation) is two steps behind one
-interface, registered by policy type in cleanup.KINDS:
+interface, registered by policy type in runner.KINDS:
 
     plan(ctx, root, need)   -> Planned: what would go on this root (counts for max_delete)
     execute(ctx, root, planned, need): delete it, re-checking every entry just before
@@ -20,11 +20,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from trainguard.actions.cleanup import walker
-from trainguard.actions.cleanup.audit import AuditLog
+from trainguard.actions.cleanup.engine import walker
 from trainguard.actions.cleanup.guard import Root
-from trainguard.actions.cleanup.report import Tally
-from trainguard.actions.cleanup.safety import OpenFiles
+from trainguard.actions.cleanup.record.audit import AuditLog
+from trainguard.actions.cleanup.record.report import Tally
+from trainguard.actions.cleanup.safety.inuse import OpenFiles
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ One run of one policy (CleanupRunner.run):
 4. execute: the kind deletes oldest-first relative to open directory fds, re-checking
    just before each delete that the entry is the one judged, not open by any process
    and not changed within the grace period. A failure on one entry is counted and skipped;
-5. report: totals, skips by reason, top directories, findings (report.py); a need that
+5. report: totals, skips by reason, top directories, findings (record/report.py); a need that
    max_delete cut short is a warning with what is left to free.
 
 A new kind (e.g. log rotation) is one class with plan() and execute() (plan.Kind) and
@@ -28,9 +28,8 @@ import os
 import time
 from typing import Callable, Mapping, Sequence
 
-from trainguard.actions.cleanup import policies as sel
-from trainguard.actions.cleanup import walker
-from trainguard.actions.cleanup.audit import AuditLog
+from trainguard.actions.cleanup import selection as sel
+from trainguard.actions.cleanup.engine import walker
 from trainguard.actions.cleanup.guard import (
     Root,
     bounded_note,
@@ -41,7 +40,8 @@ from trainguard.actions.cleanup.guard import (
     watermark_need,
 )
 from trainguard.actions.cleanup.plan import Ctx, Kind, Planned, Tools
-from trainguard.actions.cleanup.report import (  # re-exported: the CLI, worker and tests use them
+from trainguard.actions.cleanup.record.audit import AuditLog
+from trainguard.actions.cleanup.record.report import (  # re-exported: the CLI, worker and tests use them
     CleanupReport,
     Item,
     RootReport,
@@ -49,8 +49,9 @@ from trainguard.actions.cleanup.report import (  # re-exported: the CLI, worker 
     describe,
     findings_for,
 )
-from trainguard.actions.cleanup.safety import OpenFiles, home_dirs
+from trainguard.actions.cleanup.safety.inuse import OpenFiles
 from trainguard.config import AgePolicy, CachePolicy, CheckpointsPolicy, Mirror
+from trainguard.rootcheck import home_dirs
 from trainguard.sources.fs import usage_from_statvfs
 
 log = logging.getLogger(__name__)
@@ -60,13 +61,13 @@ Policy = CheckpointsPolicy | AgePolicy | CachePolicy
 # policy type -> "module:class" of its kind, imported when a policy of that type first runs (the
 # `cleanup` command of an age policy does not pay for the others' imports).
 KINDS: dict[str, str] = {
-    "checkpoints": "kind_checkpoints:CheckpointsKind",
-    "age": "kind_age:AgeKind",
-    "pip-cache": "kind_age:AgeKind",
-    "huggingface-cache": "kind_hf:HfKind",
-    "huggingface-datasets-cache": "kind_age:AgeKind",
-    "torch-cache": "kind_age:AgeKind",
-    "conda-cache": "kind_age:AgeKind",
+    "checkpoints": "kinds.checkpoints:CheckpointsKind",
+    "age": "kinds.age:AgeKind",
+    "pip-cache": "kinds.age:AgeKind",
+    "huggingface-cache": "kinds.huggingface:HfKind",
+    "huggingface-datasets-cache": "kinds.age:AgeKind",
+    "torch-cache": "kinds.age:AgeKind",
+    "conda-cache": "kinds.age:AgeKind",
 }
 _KINDS_MADE: dict[str, Kind] = {}
 
@@ -120,8 +121,8 @@ class CleanupRunner:
         """Run one policy once. trigger "watermark" frees down to `low`; "schedule" takes every
         candidate; "manual" does what the policy's own triggers would (a watermark-only policy
         deletes nothing while its filesystem is below `high`)."""
-        if policy.type == "logs":  # rotation, not deletion: its own module (actions/cleanup/rotate.py)
-            from trainguard.actions.cleanup.rotate import rotate_logs
+        if policy.type == "logs":  # rotation, not deletion: its own module (kinds/logs.py)
+            from trainguard.actions.cleanup.kinds.logs import rotate_logs
 
             return rotate_logs(policy, trigger=trigger, dry_run=dry_run, on_item=on_item, audit=self.audit,
                                proc_root=self.proc_root, homes=self.homes, clock=self.clock)

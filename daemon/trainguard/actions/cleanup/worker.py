@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Callable, Sequence
 
-from trainguard.actions.cleanup.audit import AuditLog
+from trainguard.actions.cleanup.record.audit import AuditLog
 from trainguard.actions.cleanup.runner import (
     CleanupReport,
     CleanupRunner,

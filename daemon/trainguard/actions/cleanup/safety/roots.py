@@ -8,7 +8,7 @@ import os
 import stat
 from dataclasses import dataclass
 
-from trainguard.actions.cleanup.walker import mount_id
+from trainguard.actions.cleanup.engine.walker import mount_id
 from trainguard.rootcheck import UnsafeRoot, check_root_text
 from trainguard.sources.mounts import read_mounts
 

@@ -1,16 +1,16 @@
 """The checkpoints kind: pattern-matched files and checkpoint-* units, kept per run directory
-(policies.select_checkpoints), optionally only when mirrored (mirrorcheck), deleted oldest first."""
+(selection.select_checkpoints), optionally only when mirrored (mirrorcheck), deleted oldest first."""
 
 from __future__ import annotations
 
 import os
 import stat as stat_mod
 
-from trainguard.actions.cleanup import unittree, walker
-from trainguard.actions.cleanup import policies as sel
+from trainguard.actions.cleanup import selection as sel
+from trainguard.actions.cleanup.engine import unittree, walker
 from trainguard.actions.cleanup.guard import Root, allowed, reached
 from trainguard.actions.cleanup.plan import Ctx, Planned, full_path
-from trainguard.actions.cleanup.safety import in_grace
+from trainguard.actions.cleanup.safety.inuse import in_grace
 
 
 class CheckpointsKind:
@@ -94,7 +94,7 @@ def _mirrored(ctx: Ctx, root: Root, cands: list[sel.Candidate]) -> list[sel.Cand
         for cand in cands:
             ctx.tally.skip("not-mirrored", cand.relpath, f"mirror {name!r} is not known here")
         return []
-    from trainguard.actions.cleanup import mirrorcheck  # a child process on the share: only when asked for
+    from trainguard.actions.cleanup.kinds import mirrorcheck  # a child process on the share: only when asked for
 
     return mirrorcheck.only_mirrored(cands, root.opened, mirror, ctx.tally, ctx.tools.mirror_timeout)
 

@@ -2,7 +2,7 @@
 
 No process has them open or mapped, so /proc/PID/fd and maps cannot show them; yet deleting the
 image behind a mounted loop device loses its data once it is unmounted, and an active swap file
-cannot be deleted at all (EPERM). safety.OpenFiles keeps them like open files, by (st_dev, st_ino):
+cannot be deleted at all (EPERM). inuse.OpenFiles keeps them like open files, by (st_dev, st_ino):
 
 - loop devices: /sys/block/loopN/loop/backing_file says which file (its path as of now: it follows
   renames and reads "... (deleted)" once unlinked) and whether it is attached; its identity comes

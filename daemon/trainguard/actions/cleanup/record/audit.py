@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from trainguard.actions.cleanup.report import printable
+from trainguard.actions.cleanup.record.report import printable
 from trainguard.config import History
 
 AUDIT_RETENTION: float = History.model_fields["audit_retention"].default  # the config's, for callers without one

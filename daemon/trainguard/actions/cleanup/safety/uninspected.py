@@ -1,7 +1,7 @@
 """Processes whose open files this run cannot see, and the files they could have open.
 
 Without root (or CAP_SYS_PTRACE), /proc/PID/fd of another user's process is unreadable, so
-the open-file index (safety.OpenFiles) cannot tell whether that process holds a candidate.
+the open-file index (inuse.OpenFiles) cannot tell whether that process holds a candidate.
 What everyone can read of it is /proc/PID/status and /proc/PID/stat: its user and group ids,
 its capabilities, whether it is a kernel thread or a zombie (neither holds files). From those
 and a candidate's lstat, HoldBack says whether such a process could have the file open:

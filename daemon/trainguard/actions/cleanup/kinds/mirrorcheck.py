@@ -17,10 +17,10 @@ import sys
 import time
 from typing import Mapping, Sequence
 
-from trainguard.actions.cleanup import policies as sel
-from trainguard.actions.cleanup import walker
-from trainguard.actions.cleanup.report import printable
-from trainguard.actions.cleanup.roots import OpenedRoot
+from trainguard.actions.cleanup import selection as sel
+from trainguard.actions.cleanup.engine import walker
+from trainguard.actions.cleanup.record.report import printable
+from trainguard.actions.cleanup.safety.roots import OpenedRoot
 from trainguard.config import Mirror, mirrored_path
 
 # The child: reads one JSON document {key: [[path, size, mtime_s], ...]} on stdin and prints

@@ -15,9 +15,8 @@ import time
 from array import array
 from typing import Callable, Iterable, Union
 
-from trainguard.actions.cleanup.kernel_holders import KernelHolders
-from trainguard.actions.cleanup.uninspected import HoldBack, Uninspected, read_uninspected
-from trainguard.rootcheck import home_dirs  # noqa: F401  (the runner finds the homes here)
+from trainguard.actions.cleanup.safety.kernel_holders import KernelHolders
+from trainguard.actions.cleanup.safety.uninspected import HoldBack, Uninspected, read_uninspected
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +163,7 @@ class OpenFiles:
 
     def inodes_on(self, dev: int) -> bytes:
         """The inodes in use on device dev (and, loose devices, on any), sorted, as native uint64s:
-        the form the compiled age loop searches (see age_fast.py)."""
+        the form the compiled age loop searches (see engine/agepass.py)."""
         index = self._fresh()
         cached = index.sorted.get(dev)
         if cached is None:

@@ -9,7 +9,7 @@ import os
 import stat
 from typing import NamedTuple
 
-from trainguard.actions.cleanup.walker import (
+from trainguard.actions.cleanup.engine.walker import (
     Hook,
     WalkProblem,
     mount_id,

@@ -1,6 +1,6 @@
 """One log file rotated in place: copied into a compressed generation, then the copied part removed
 from the live file (fallocate COLLAPSE_RANGE where the filesystem can, else a truncate), and who
-writes it (a writer without O_APPEND is left alone). rotate.py runs the `logs` policy over its roots."""
+writes it (a writer without O_APPEND is left alone). logs.py runs the `logs` policy over its roots."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import stat
 import time
 from dataclasses import dataclass
 
-from trainguard.actions.cleanup.safety import LOOSE_DEVS, fd_info, mount_devs
+from trainguard.actions.cleanup.safety.inuse import LOOSE_DEVS, fd_info, mount_devs
 from trainguard.config import LogsPolicy
 
 FALLOC_FL_KEEP_SIZE, FALLOC_FL_COLLAPSE_RANGE = 0x01, 0x08
@@ -52,7 +52,7 @@ def _fallocate(fd: int, mode: int, offset: int, length: int) -> None:
 def writers(keys: set[tuple[int, int]], proc_root: str = "/proc") -> dict[tuple[int, int], list[tuple[int, int]]]:
     """(dev, ino) -> [(pid, open flags)] of every fd open for writing on one of keys.
 
-    Like the open-file index (safety.OpenFiles), built from readlink, fdinfo and mountinfo only: an fd
+    Like the open-file index (safety/inuse.OpenFiles), built from readlink, fdinfo and mountinfo only: an fd
     open on a hung share cannot wedge the rotation."""
     found: dict[tuple[int, int], list[tuple[int, int]]] = {}
     by_ino = {ino: (dev, ino) for dev, ino in keys}  # btrfs/overlay: st_dev is not mountinfo's device

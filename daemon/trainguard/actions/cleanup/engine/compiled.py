@@ -8,7 +8,7 @@ import importlib.util
 
 from trainguard.i18n import N_
 
-MODULE = "trainguard.actions.cleanup._agescan"
+MODULE = "trainguard.actions.cleanup.engine._agescan"
 ACTIVE = N_("cleanup: compiled loop active")
 NOT_BUILT = N_("cleanup: compiled loop not built, Python loop in use (install a C compiler and reinstall)")
 UNLOADABLE = N_("cleanup: compiled loop cannot be loaded ({error}), Python loop in use (reinstall trainguard)")

@@ -15,10 +15,10 @@ import os
 import stat as stat_mod
 from dataclasses import dataclass
 
-from trainguard.actions.cleanup import policies as sel
-from trainguard.actions.cleanup import unittree, walker
+from trainguard.actions.cleanup import selection as sel
+from trainguard.actions.cleanup.engine import unittree, walker
 from trainguard.actions.cleanup.guard import Root, allowed
-from trainguard.actions.cleanup.kind_age import AgeKind
+from trainguard.actions.cleanup.kinds.age import AgeKind
 from trainguard.actions.cleanup.plan import Ctx, Planned, full_path
 from trainguard.units import format_duration
 

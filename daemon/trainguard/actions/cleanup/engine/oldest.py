@@ -1,7 +1,7 @@
 """Oldest first, in bounded memory: the entries a run that must free bytes (a watermark, a size cap)
 takes, and their deletion in that order.
 
-The counting pass (age_fast.Pass, listing) hands every eligible entry to Oldest.add. A min-heap keyed
+The counting pass (agepass.Pass, listing) hands every eligible entry to Oldest.add. A min-heap keyed
 on age keeps only the oldest ones the run can take: whenever what it holds frees the need without its
 youngest entry, or holds more than max_delete allows (files or bytes) or more than BUDGET bytes of
 memory, the youngest goes, and from then on nothing as young as one that went is taken (the floor).
@@ -23,11 +23,11 @@ import os
 from itertools import groupby
 from typing import NamedTuple
 
-from trainguard.actions.cleanup import walker
-from trainguard.actions.cleanup.age_fast import Pass
-from trainguard.actions.cleanup.agerules import NO_LIMIT
+from trainguard.actions.cleanup.engine import walker
+from trainguard.actions.cleanup.engine.agepass import Pass
+from trainguard.actions.cleanup.engine.agerules import NO_LIMIT
+from trainguard.actions.cleanup.engine.remembered import CHUNK, open_counted
 from trainguard.actions.cleanup.plan import Ctx, full_path
-from trainguard.actions.cleanup.remembered import CHUNK, open_counted
 
 BUDGET = 16 << 20  # bytes of chosen entries and their directories held at once, per root
 _ENTRY_COST = 200  # one chosen entry in the heap, its name aside, roughly

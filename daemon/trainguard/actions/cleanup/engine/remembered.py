@@ -1,7 +1,7 @@
 """A guarded age run in one walk: count what is due and remember where, then delete only that.
 
 max_delete means "nothing goes if more is due than this": the count must be complete before the
-first unlink. The counting walk (age_fast.Pass, listing what is due) therefore also remembers each
+first unlink. The counting walk (agepass.Pass, listing what is due) therefore also remembers each
 due name with its directory's path, inode and lstat, in compact strings; the deletion, once the
 count is within the guard, reopens each directory below the root (walker.open_beneath: one
 component at a time, no symlinks, same mount) and hands the remembered names to the same judge,
@@ -12,7 +12,7 @@ directory opened twice per level: the second walk's cost, minus what the count a
 Several directories are deleted at once, one a thread (_InOrder), their results taken in order.
 
 Memory is bounded: past BUDGET bytes of remembered names the walk forgets them and the deletion is
-a second walk (kind_age._delete), as before this module.
+a second walk (kinds/age.py: _delete_expired), as before this module.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from __future__ import annotations
 import os
 from collections import deque
 
-from trainguard.actions.cleanup import agerules, walker
-from trainguard.actions.cleanup.age_fast import Pass
-from trainguard.actions.cleanup.agerules import Bound
+from trainguard.actions.cleanup.engine import agerules, walker
+from trainguard.actions.cleanup.engine.agepass import Pass
+from trainguard.actions.cleanup.engine.agerules import Bound
 from trainguard.actions.cleanup.guard import Root
 from trainguard.actions.cleanup.plan import Ctx
 

@@ -1,5 +1,5 @@
 """The age kind (and the caches, which are age with units, locks and a size cap): which passes of
-the age engine (age_fast.Pass) a run makes. Every pass is one scan of the root judging each entry
+the age engine (engine/agepass.Pass) a run makes. Every pass is one scan of the root judging each entry
 from a fresh lstat with every rule just before it is counted or unlinked; between two passes nothing
 is kept per file but a guarded run's due names (remembered.py, bounded), so memory stays flat.
 
@@ -19,11 +19,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from trainguard.actions.cleanup import oldest
-from trainguard.actions.cleanup import policies as sel
-from trainguard.actions.cleanup import remembered
-from trainguard.actions.cleanup.age_fast import Pass
-from trainguard.actions.cleanup.agerules import NO_LIMIT, Bound
+from trainguard.actions.cleanup import selection as sel
+from trainguard.actions.cleanup.engine import oldest, remembered
+from trainguard.actions.cleanup.engine.agepass import Pass
+from trainguard.actions.cleanup.engine.agerules import NO_LIMIT, Bound
 from trainguard.actions.cleanup.guard import Root, allowed
 from trainguard.actions.cleanup.plan import Ctx, Planned, full_path
 from trainguard.config import AgePolicy

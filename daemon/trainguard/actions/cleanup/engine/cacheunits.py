@@ -1,4 +1,4 @@
-"""The cache units of an age pass (age_fast.Pass): a whole model of the huggingface hub, a package of
+"""The cache units of an age pass (agepass.Pass): a whole model of the huggingface hub, a package of
 pip's or conda's cache, judged by the newest use of anything inside it and deleted whole
 (unittree), never entered file by file. Held when a file inside it is open, or could be open
 by a process whose open files could not be read; within the same bounds as single files.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from trainguard.actions.cleanup import unittree, walker
+from trainguard.actions.cleanup.engine import unittree, walker
 from trainguard.actions.cleanup.plan import full_path
 
 

@@ -11,7 +11,7 @@ copied and then emptied in place (logrotate's `copytruncate`). Differences from 
 - a file held open for writing without O_APPEND (`python train.py > train.log`) is skipped:
   the writer's offset would stay where it was and turn the emptied file into a sparse one;
 - binary content (event files, checkpoints: a NUL byte in the first 8 KiB) is never touched.
-The same safety rules as every cleanup policy: roots checked (roots.open_checked_root), other
+The same safety rules as every cleanup policy: roots checked (safety/roots.py), other
 mounts below a root pruned, no symlink followed, every file opened relative to its directory.
 """
 
@@ -24,12 +24,12 @@ import stat
 import time
 from typing import Callable
 
-from trainguard.actions.cleanup import policies as sel
-from trainguard.actions.cleanup import walker
-from trainguard.actions.cleanup.audit import AuditLog
-from trainguard.actions.cleanup.logfile import O_APPEND, Rotated, is_binary, rotate_file, writers
-from trainguard.actions.cleanup.runner import CleanupReport, Item, RootReport, describe
-from trainguard.actions.cleanup.roots import UnsafeRoot, mount_point_of, mounts_below, open_checked_root
+from trainguard.actions.cleanup import selection as sel
+from trainguard.actions.cleanup.engine import walker
+from trainguard.actions.cleanup.kinds.logfile import O_APPEND, Rotated, is_binary, rotate_file, writers
+from trainguard.actions.cleanup.record.audit import AuditLog
+from trainguard.actions.cleanup.record.report import CleanupReport, Item, RootReport, describe
+from trainguard.actions.cleanup.safety.roots import UnsafeRoot, mount_point_of, mounts_below, open_checked_root
 from trainguard.config import LogsPolicy
 from trainguard.units import format_bytes
 

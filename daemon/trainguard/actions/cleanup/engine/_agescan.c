@@ -1,7 +1,7 @@
 /* The age rules for one batch of names in one directory, in C: agerules.py is the same in
  * Python, and tests/test_cleanup_rules.py keeps the two equal on random trees and times.
  *
- * Python (age_fast.py) lists the directory, drops excluded names and mount points, and
+ * Python (agepass.py) lists the directory, drops excluded names and mount points, and
  * hands the rest here with the policy's numbers. For each name, with the GIL released:
  * fstatat(dir_fd, name, AT_SYMLINK_NOFOLLOW), then the same rules, in the same order and
  * with the same float arithmetic, as agerules._judge_py: other filesystem, directory, type
@@ -85,7 +85,7 @@ static int is_open(const rule_t *r, unsigned long long ino) {
 
 static double age_timestamp(const rule_t *r, const struct stat *st) {
     if (r->age_mask == 0) return as_float(&st->st_mtim);
-    double ts = 0.0, t;  /* policies.age_timestamp: max over the fields, from 0.0 */
+    double ts = 0.0, t;  /* selection.age_timestamp: max over the fields, from 0.0 */
     if (r->age_mask & AGE_ATIME && (t = as_float(&st->st_atim)) > ts) ts = t;
     if (r->age_mask & AGE_MTIME && (t = as_float(&st->st_mtim)) > ts) ts = t;
     if (r->age_mask & AGE_CTIME && (t = as_float(&st->st_ctim)) > ts) ts = t;

@@ -9,7 +9,7 @@ allows) and the watermark's need (stop once it is freed), and the deletion relat
 quarantine (quarantine.py: renamed to a private name, checked to be the entry judged, unlinked;
 anything renamed over the judged name meanwhile is put back, CHANGED).
 Which names are handed here at all (mount points, exclude globs, cache units, locks) is
-decided by the caller (age_fast.py), as are every count, skip, report and audit row.
+decided by the caller (agepass.py), as are every count, skip, report and audit row.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import os
 import stat as stat_mod
 from typing import Callable, NamedTuple, Sequence
 
-from trainguard.actions.cleanup.quarantine import Changed, Quarantine
+from trainguard.actions.cleanup.engine.quarantine import Changed, Quarantine
 
 try:
-    from trainguard.actions.cleanup import _agescan
+    from trainguard.actions.cleanup.engine import _agescan
 except ImportError:  # installed without a C compiler: the Python judge does the same work
     _agescan = None
 
@@ -76,7 +76,7 @@ def age_mask(age_by: Sequence[str]) -> int:
 
 
 def age_timestamp(st: os.stat_result, mask: int) -> float:
-    """As policies.age_timestamp: the newest of the flagged times, from 0.0."""
+    """As selection.age_timestamp: the newest of the flagged times, from 0.0."""
     if mask == 0:
         return st.st_mtime
     ts = 0.0

@@ -22,8 +22,8 @@ import os
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from trainguard.actions.cleanup import walker
-from trainguard.actions.cleanup.agerules import Bound
+from trainguard.actions.cleanup.engine import walker
+from trainguard.actions.cleanup.engine.agerules import Bound
 
 if TYPE_CHECKING:
     from concurrent.futures import Future, ThreadPoolExecutor
@@ -39,7 +39,7 @@ class _Job:
 
 
 class Ahead:
-    """The count threads of one pass (p: an age_fast.Pass); close() ends them."""
+    """The count threads of one pass (p: an agepass.Pass); close() ends them."""
 
     def __init__(self, p: Any, threads: int, read_bytes: int):
         self.p, self.threads, self.read_bytes = p, threads, read_bytes  # read_bytes: as the pass reads

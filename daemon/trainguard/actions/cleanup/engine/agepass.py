@@ -1,8 +1,8 @@
 """One pass of the age engine over one root: walker.scan, each directory judged in batches by the
 age rules (agerules: the compiled judge, or the same rules in Python), everything else here in
 Python: which names are candidates at all (mount points below the root, exclude globs, patterns,
-a cache's own files), cache units (judged whole: age_units.py) and held locks, the bounds, and every
-count, skip, report and audit row. kind_age.py decides which passes a run makes; a count judges a
+a cache's own files), cache units (judged whole: cacheunits.py) and held locks, the bounds, and every
+count, skip, report and audit row. kinds/age.py decides which passes a run makes; a count judges a
 directory's subdirectories on several threads (ahead.py).
 
 A pass counts (a plan, a dry run; `listed` also hands back each due entry, for the oldest a need takes or a
@@ -19,14 +19,14 @@ import os
 import stat as stat_mod
 from itertools import filterfalse
 
-from trainguard.actions.cleanup import ahead, agerules, walker
-from trainguard.actions.cleanup import policies as sel
-from trainguard.actions.cleanup.age_units import CacheUnits
-from trainguard.actions.cleanup.agerules import Bound, Rule
+from trainguard.actions.cleanup import selection as sel
+from trainguard.actions.cleanup.engine import agerules, ahead, walker
+from trainguard.actions.cleanup.engine.agerules import Bound, Rule
+from trainguard.actions.cleanup.engine.cacheunits import CacheUnits
+from trainguard.actions.cleanup.engine.quarantine import PREFIX as PRIVATE
 from trainguard.actions.cleanup.guard import Root, reached
 from trainguard.actions.cleanup.plan import Ctx, full_path
-from trainguard.actions.cleanup.quarantine import PREFIX as PRIVATE
-from trainguard.actions.cleanup.report import Tally
+from trainguard.actions.cleanup.record.report import Tally
 from trainguard.config import AgePolicy, CachePolicy
 
 ENABLED = agerules._agescan is not None  # tests turn it off to run the Python judge on the same trees

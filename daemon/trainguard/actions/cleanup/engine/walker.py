@@ -16,7 +16,7 @@ from itertools import islice
 from typing import Callable, Iterator, NamedTuple
 
 try:
-    from trainguard.actions.cleanup._agescan import read_names
+    from trainguard.actions.cleanup.engine._agescan import read_names
 except ImportError:  # installed without a C compiler: scandir does the listing
     read_names = None
 
