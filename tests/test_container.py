@@ -112,8 +112,8 @@ def _builder_sources(builder: list, src) -> str:
 @pytest.mark.slow
 def test_the_image_wheel_carries_the_compiled_cleanup_loop(tmp_path):
     """The builder stage's wheel command, run as the Dockerfile has it in a fresh virtual environment
-    (no container engine here), makes a wheel with the compiled loop; the runtime stage's install of
-    that wheel and its import check pass outside the source tree."""
+    (no container engine here), makes a wheel with the compiled loop and without its C source; the runtime
+    stage's install of that wheel and its import check pass outside the source tree."""
     if shutil.which("gcc") is None:
         pytest.skip("no C compiler (gcc) here: the builder stage installs one")
     builder, runtime = _stages()
@@ -144,6 +144,7 @@ def test_the_image_wheel_carries_the_compiled_cleanup_loop(tmp_path):
 
     names = zipfile.ZipFile(wheel).namelist()
     assert [n for n in names if n.startswith("trainguard/actions/cleanup/engine/_agescan") and n.endswith(".so")], names
+    assert not [n for n in names if n.endswith(".c")], names  # built, not shipped (pyproject.toml)
 
     (copy,) = [i for i in runtime if i.cmd == "COPY" and "--from=builder" in i.flags]
     assert copy.value[0] == f"{workdir}/wheels"
