@@ -10,16 +10,10 @@ from __future__ import annotations
 import logging
 import math
 import os
-from dataclasses import dataclass
 
 from trainguard.actions.cleanup.record.report import Tally
-from trainguard.actions.cleanup.safety.roots import (
-    OpenedRoot,
-    UnsafeRoot,
-    mount_point_of,
-    mounts_below,
-    open_checked_root,
-)
+from trainguard.actions.cleanup.safety import roots
+from trainguard.actions.cleanup.safety.roots import Root, UnsafeRoot
 from trainguard.records import FsUsage
 from trainguard.sources.fs import usage_from_statvfs
 from trainguard.units import format_bytes, format_ratio
@@ -27,53 +21,38 @@ from trainguard.units import format_bytes, format_ratio
 log = logging.getLogger("trainguard.actions.cleanup.runner")
 
 
-@dataclass(frozen=True, slots=True)
-class Root:
-    """A root opened for one run: the checked fd, its mount, the mount points below it."""
-
-    opened: OpenedRoot
-    mount: str
-    below: frozenset[str]  # relative paths of mount points below the root: never entered
-
-    @property
-    def path(self) -> str:
-        return self.opened.path
-
-
-def write_blocked(o: OpenedRoot) -> tuple[str, str]:
+def write_blocked(root: Root) -> tuple[str, str]:
     """Why this process cannot delete below the root: ("read-only" or "permission", the reason), or
     ("", "") when it can. A read-only mount (the systemd unit's ProtectSystem=/ProtectHome= make one),
     or no write permission."""
-    if os.fstatvfs(o.fd).f_flag & os.ST_RDONLY:
-        return "read-only", f"{o.path} is read-only for trainguard (mounted read-only here)"
-    if not os.access(o.path, os.W_OK | os.X_OK):
-        return "permission", f"{o.path} is not writable for trainguard (uid {os.geteuid()})"
+    if os.fstatvfs(root.fd).f_flag & os.ST_RDONLY:
+        return "read-only", f"{root.path} is read-only for trainguard (mounted read-only here)"
+    if not os.access(root.path, os.W_OK | os.X_OK):
+        return "permission", f"{root.path} is not writable for trainguard (uid {os.geteuid()})"
     return "", ""
 
 
 def open_root(path: str, homes: frozenset[str] | None, proc_root: str, tally: Tally,
               dry_run: bool) -> tuple[Root | None, str]:
-    """Open and check one root. (Root, "") or (None, why it is left alone); the caller closes the fd."""
+    """Open and check one root (safety/roots.py), and whether this process may delete there.
+    (Root, "") or (None, why it is left alone); the caller closes the fd."""
     try:
-        o = open_checked_root(path, homes)
+        root = roots.open_root(path, homes, proc_root)
     except UnsafeRoot as exc:
         tally.skip("unsafe-root", path, str(exc))
         return None, str(exc)
-    blocked, why = write_blocked(o)
-    if why:
-        tally.block(o.path, blocked, why)
-        if not dry_run:  # a dry run still shows what would go
-            os.close(o.fd)
-            tally.skip("read-only", path, why)
-            return None, why
-    try:
-        below = mounts_below(o.path, proc_root)
     except OSError as exc:
-        os.close(o.fd)
         why = f"cannot read mount table: {exc.strerror}"
         tally.skip("error", path, why)
         return None, why
-    return Root(o, mount_point_of(o.path), below), ""
+    blocked, why = write_blocked(root)
+    if why:
+        tally.block(root.path, blocked, why)
+        if not dry_run:  # a dry run still shows what would go
+            os.close(root.fd)
+            tally.skip("read-only", path, why)
+            return None, why
+    return root, ""
 
 
 def bytes_above(usage: FsUsage, ratio: float) -> int:
@@ -89,13 +68,13 @@ def watermark_need(policy, usage: FsUsage, manual: bool) -> tuple[int | None, st
     return bytes_above(usage, policy.low), ""
 
 
-def reached(o: OpenedRoot, need: int, freed: int, dry_run: bool, low: float) -> bool:
+def reached(root: Root, need: int, freed: int, dry_run: bool, low: float) -> bool:
     """Watermark runs stop at `low`: by the filesystem's own count, or by what was freed."""
     if freed >= need:
         return True
     if dry_run:
         return False
-    return usage_from_statvfs(os.fstatvfs(o.fd)).used_ratio <= low
+    return usage_from_statvfs(os.fstatvfs(root.fd)).used_ratio <= low
 
 
 # max_delete meets two kinds of run. A plain run (a schedule, `trainguard cleanup`) takes every due entry:

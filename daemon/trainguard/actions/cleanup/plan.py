@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from trainguard.actions.cleanup.engine import walker
-from trainguard.actions.cleanup.guard import Root
 from trainguard.actions.cleanup.record.audit import AuditLog
 from trainguard.actions.cleanup.record.report import Tally
 from trainguard.actions.cleanup.safety.inuse import OpenFiles
+from trainguard.actions.cleanup.safety.roots import Root
 
 
 @dataclass(frozen=True, slots=True)

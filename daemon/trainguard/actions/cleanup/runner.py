@@ -31,7 +31,6 @@ from typing import Callable, Mapping, Sequence
 from trainguard.actions.cleanup import selection as sel
 from trainguard.actions.cleanup.engine import walker
 from trainguard.actions.cleanup.guard import (
-    Root,
     bounded_note,
     bytes_above,
     max_delete_guard,
@@ -50,6 +49,7 @@ from trainguard.actions.cleanup.record.report import (  # re-exported: the CLI, 
     findings_for,
 )
 from trainguard.actions.cleanup.safety.inuse import OpenFiles
+from trainguard.actions.cleanup.safety.roots import Root
 from trainguard.config import AgePolicy, CachePolicy, CheckpointsPolicy, Mirror
 from trainguard.rootcheck import home_dirs
 from trainguard.sources.fs import usage_from_statvfs
@@ -142,7 +142,7 @@ class CleanupRunner:
             return self._run_roots(ctx, roots, notes, trigger, started)
         finally:
             for root in roots:
-                os.close(root.opened.fd)
+                os.close(root.fd)
             if self.audit is not None:
                 self.audit.flush()
 
@@ -160,7 +160,7 @@ class CleanupRunner:
             before = ctx.tally.files, ctx.tally.bytes
             if not planned.note and (not guard or planned.need_files or planned.need_bytes):
                 kind.execute(ctx, root, planned, need)
-            after = usage_from_statvfs(os.fstatvfs(root.opened.fd)).used_ratio if not ctx.dry_run else None
+            after = usage_from_statvfs(os.fstatvfs(root.fd)).used_ratio if not ctx.dry_run else None
             reports.append(RootReport(root.path, root.mount, ctx.tally.files - before[0],
                                       ctx.tally.bytes - before[1], usage.used_ratio, after, planned.note))
         reports += [RootReport(path, "", note=note) for path, note in notes.items()]
@@ -173,7 +173,7 @@ class CleanupRunner:
                             (plain[0] + needed[0], plain[1] + needed[1]), needed, goal)
 
     def _plan_root(self, ctx: Ctx, kind: Kind, root: Root, watermark: str | None):
-        usage = usage_from_statvfs(os.fstatvfs(root.opened.fd))
+        usage = usage_from_statvfs(os.fstatvfs(root.fd))
         need = None
         if watermark is not None:
             need, why = watermark_need(ctx.policy, usage, manual=watermark == "manual")

@@ -24,9 +24,10 @@ from trainguard.actions.cleanup.engine import agerules, ahead, walker
 from trainguard.actions.cleanup.engine.agerules import Bound, Rule
 from trainguard.actions.cleanup.engine.cacheunits import CacheUnits
 from trainguard.actions.cleanup.engine.quarantine import PREFIX as PRIVATE
-from trainguard.actions.cleanup.guard import Root, reached
+from trainguard.actions.cleanup.guard import reached
 from trainguard.actions.cleanup.plan import Ctx, full_path
 from trainguard.actions.cleanup.record.report import Tally
+from trainguard.actions.cleanup.safety.roots import Root
 from trainguard.config import AgePolicy, CachePolicy
 
 ENABLED = agerules._agescan is not None  # tests turn it off to run the Python judge on the same trees
@@ -36,7 +37,7 @@ READ_BYTES = walker.READ_BYTES
 def rule_for(ctx: Ctx, root: Root, older_than: float) -> Rule:
     policy = ctx.policy
     fields = policy.age_by if isinstance(policy, AgePolicy) else ("atime", "mtime")  # a cache: last use
-    return Rule(root.opened.dev, agerules.age_mask(fields), ctx.now, older_than, ctx.now - policy.grace)
+    return Rule(root.dev, agerules.age_mask(fields), ctx.now, older_than, ctx.now - policy.grace)
 
 
 class Pass(CacheUnits):
@@ -64,9 +65,9 @@ class Pass(CacheUnits):
         self.before = (0, 0)  # files and bytes when the directory being listed was entered
 
     def run(self) -> None:
-        o, ctx = self.root.opened, self.ctx
+        root, ctx = self.root, self.ctx
         ctx.tools.open_files.refresh()
-        held = ctx.tools.open_files.unknown(o.dev)
+        held = ctx.tools.open_files.unknown(root.dev)
         if held:  # the kernel holds a file here whose inode its filesystem did not tell (kernel_holders.py)
             self.busy = f"in use: {held} could not be identified (its filesystem does not answer)"
             return
@@ -74,7 +75,7 @@ class Pass(CacheUnits):
         if not self.delete and self.threads() > 1:
             self.ahead = ahead.Ahead(self, agerules.THREADS, READ_BYTES)
         try:
-            for lst in walker.scan(o.fd, dev=o.dev, on_problem=self.problem, hook=ctx.tools.hook, mnt=o.mnt,
+            for lst in walker.scan(root.fd, dev=root.dev, on_problem=self.problem, hook=ctx.tools.hook, mnt=root.mnt,
                                    post=self.remove_dirs):
                 if lst.done:
                     self.rmdir(lst)
@@ -209,7 +210,7 @@ class Pass(CacheUnits):
             self.freed += sum(b for _n, b, _a in gone)
             self.ctx.went_files(self.root, self.dir_path(lst), gone, self.reason)
             need = self.bound.need_bytes
-            if need >= 0 and (self.freed >= need or self.watermark and reached(self.root.opened, need, self.freed,
+            if need >= 0 and (self.freed >= need or self.watermark and reached(self.root, need, self.freed,
                                                                                False, self.ctx.policy.low)):
                 self.stopped = True  # freed what was needed (a watermark: or the filesystem is at low)
         elif self.on_gone is not None:

@@ -77,9 +77,9 @@ class Ahead:
 
     def _start(self, lst: walker.Listing, index: int, child: Child, back: list) -> _Job | None:
         p = self.p
-        o = p.root.opened
+        root = p.root
         try:
-            sub = walker.open_child(lst, *child, dev=o.dev, mnt=o.mnt, hook=p.ctx.tools.hook)
+            sub = walker.open_child(lst, *child, dev=root.dev, mnt=root.mnt, hook=p.ctx.tools.hook)
         except OSError as exc:  # reported as the walk reports it, and not entered
             p.problem(walker.WalkProblem.of(lst.prefix + child[0], exc))
             return None

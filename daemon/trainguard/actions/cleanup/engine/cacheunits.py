@@ -20,7 +20,7 @@ class CacheUnits:
         ctx, path = self.ctx, full_path(self.root, name)
         report = ctx.tally if self.reports else self.scratch
         try:
-            unit = unittree.measure_unit(lst.fd, name, self.rule.dev, ctx.tools.hook)
+            unit = unittree.measure_unit(lst.fd, name, self.root.dev, self.root.mnt, ctx.tools.hook)
         except OSError as exc:
             report.skip_error(path, exc, walker.classify_error)
             return
@@ -55,7 +55,7 @@ class CacheUnits:
         try:
             st = os.stat(name, dir_fd=lst.fd, follow_symlinks=False)
             self.ctx.before_delete(name)
-            unittree.remove_tree_at(lst.fd, name, self.rule.dev, st.st_ino)
+            unittree.remove_tree_at(lst.fd, name, self.root.dev, self.root.mnt, st.st_ino)
         except OSError as exc:
             self.ctx.skip_error(path, exc)
             return

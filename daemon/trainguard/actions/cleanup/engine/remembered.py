@@ -23,8 +23,8 @@ from collections import deque
 from trainguard.actions.cleanup.engine import agerules, walker
 from trainguard.actions.cleanup.engine.agepass import Pass
 from trainguard.actions.cleanup.engine.agerules import Bound
-from trainguard.actions.cleanup.guard import Root
 from trainguard.actions.cleanup.plan import Ctx
+from trainguard.actions.cleanup.safety.roots import Root
 
 BUDGET = 16 << 20  # bytes of remembered names and directories, per root
 CHUNK = 1000  # names judged per batch: the bound, the audit and the place checks go this often
@@ -113,7 +113,7 @@ def open_counted(p: Pass, root: Root, path: str, name: str, st: os.stat_result) 
     if p.ctx.tools.hook is not None:
         p.ctx.tools.hook("open_dir", path)
     try:
-        fd = walker.open_beneath(root.opened.fd, path, root.opened.dev)
+        fd = walker.open_beneath(root.fd, path, root.dev, root.mnt)
     except OSError as exc:
         p.problem(walker.WalkProblem.of(path, exc))
         return None
@@ -261,7 +261,7 @@ class _Parents:
             self.close()
             self.path = path
             try:
-                fd = walker.open_beneath(self.root.opened.fd, path, self.root.opened.dev)
+                fd = walker.open_beneath(self.root.fd, path, self.root.dev, self.root.mnt)
             except OSError:
                 return None  # gone or moved: nothing below it is removed
             self.lst = walker.Listing(fd, path, path.rpartition("/")[2], os.fstat(fd), None, walker.place_of(fd))

@@ -9,13 +9,7 @@ import os
 import stat
 from typing import NamedTuple
 
-from trainguard.actions.cleanup.engine.walker import (
-    Hook,
-    WalkProblem,
-    mount_id,
-    open_dir_at,
-    walk,
-)
+from trainguard.actions.cleanup.engine.walker import Hook, WalkProblem, open_dir_at, walk
 
 
 class UnitStats(NamedTuple):
@@ -29,14 +23,14 @@ class UnitStats(NamedTuple):
     mounts: int = 0  # mount points inside (a bind mount): such a unit is never deleted
 
 
-def measure_unit(parent_fd: int, name: str, dev: int, hook: Hook | None = None) -> UnitStats:
+def measure_unit(parent_fd: int, name: str, dev: int, mnt: int | None, hook: Hook | None = None) -> UnitStats:
     """Measure a directory deleted as one unit (a checkpoint-* directory, a cache entry).
 
     A unit that is itself a mount point raises EXDEV; mount points inside it are not
     entered and counted in .mounts (the unit must then stay: deleting it would fail
-    halfway, or worse, reach into what is mounted there).
+    halfway, or worse, reach into what is mounted there). dev and mnt: the root's, which
+    parent_fd is on.
     """
-    mnt = mount_id(parent_fd)
     fd = open_dir_at(parent_fd, name, dev, mnt)
     try:
         dst = os.fstat(fd)
@@ -71,15 +65,14 @@ def measure_unit(parent_fd: int, name: str, dev: int, hook: Hook | None = None) 
         os.close(fd)
 
 
-def remove_tree_at(parent_fd: int, name: str, dev: int, expect_ino: int) -> int:
+def remove_tree_at(parent_fd: int, name: str, dev: int, mnt: int | None, expect_ino: int) -> int:
     """Delete a directory unit relative to parent_fd without following symlinks; returns files removed.
 
     The directory must still be the inode that was judged (expect_ino). Symlinks
     inside are unlinked, never followed; a subdirectory on another filesystem or
     another mount (a bind mount of the same filesystem) stops the removal with EXDEV
-    before anything in it is touched (nothing outside the unit is).
+    before anything in it is touched (nothing outside the unit is). dev and mnt: as measure_unit's.
     """
-    mnt = mount_id(parent_fd)
     fd = open_dir_at(parent_fd, name, dev, mnt)
     removed = 0
     try:

@@ -88,15 +88,15 @@ def open_dir_at(parent_fd: int, name: str, expect_dev: int, expect_mnt: int | No
         raise
 
 
-def open_beneath(root_fd: int, relpath: str, expect_dev: int) -> int:
-    """Open relpath's directory chain below root_fd one component at a time (no symlinks, one filesystem)."""
+def open_beneath(root_fd: int, relpath: str, expect_dev: int, expect_mnt: int | None) -> int:
+    """Open relpath's directory chain below root_fd one component at a time (no symlinks, one filesystem,
+    one mount: expect_mnt, the one root_fd is on, as the caller knows it from opening the root)."""
     fd = os.dup(root_fd)
-    mnt = mount_id(root_fd)
     try:
         for part in relpath.split("/") if relpath else ():
             if part in ("", ".", ".."):
                 raise OSError(errno.EINVAL, "unexpected path component", relpath)
-            child = open_dir_at(fd, part, expect_dev, mnt)
+            child = open_dir_at(fd, part, expect_dev, expect_mnt)
             os.close(fd)
             fd = child
         return fd

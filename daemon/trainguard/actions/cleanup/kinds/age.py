@@ -23,8 +23,9 @@ from trainguard.actions.cleanup import selection as sel
 from trainguard.actions.cleanup.engine import oldest, remembered
 from trainguard.actions.cleanup.engine.agepass import Pass
 from trainguard.actions.cleanup.engine.agerules import NO_LIMIT, Bound
-from trainguard.actions.cleanup.guard import Root, allowed
+from trainguard.actions.cleanup.guard import allowed
 from trainguard.actions.cleanup.plan import Ctx, Planned, full_path
+from trainguard.actions.cleanup.safety.roots import Root
 from trainguard.config import AgePolicy
 from trainguard.units import format_bytes
 

@@ -8,9 +8,10 @@ import stat as stat_mod
 
 from trainguard.actions.cleanup import selection as sel
 from trainguard.actions.cleanup.engine import unittree, walker
-from trainguard.actions.cleanup.guard import Root, allowed, reached
+from trainguard.actions.cleanup.guard import allowed, reached
 from trainguard.actions.cleanup.plan import Ctx, Planned, full_path
 from trainguard.actions.cleanup.safety.inuse import in_grace
+from trainguard.actions.cleanup.safety.roots import Root
 
 
 class CheckpointsKind:
@@ -33,7 +34,7 @@ class CheckpointsKind:
             return
         freed = 0
         for cand in planned.data:  # oldest first
-            if need is not None and reached(root.opened, need, freed, ctx.dry_run, ctx.policy.low):
+            if need is not None and reached(root, need, freed, ctx.dry_run, ctx.policy.low):
                 return
             files, nbytes = allowed(ctx.policy.max_delete, ctx.tally)
             if 0 <= files < cand.files or 0 <= nbytes < cand.bytes:
@@ -42,7 +43,7 @@ class CheckpointsKind:
 
 
 def _scan(ctx: Ctx, root: Root):
-    policy, o = ctx.policy, root.opened
+    policy = ctx.policy
     excluded, units, wanted = sel.globset(policy.exclude), sel.globset(policy.dir_patterns), sel.globset(policy.patterns)
 
     def descend(entry: walker.Entry) -> bool:
@@ -51,22 +52,22 @@ def _scan(ctx: Ctx, root: Root):
     def problem(p: walker.WalkProblem) -> None:
         ctx.tally.skip(p.reason, p.path, p.detail)
 
-    for entry in walker.walk(o.fd, dev=o.dev, descend=descend, prune_paths=root.below, mnt=o.mnt,
+    for entry in walker.walk(root.fd, dev=root.dev, descend=descend, prune_paths=root.below, mnt=root.mnt,
                              on_problem=problem, hook=ctx.tools.hook):
         if excluded(entry.name, entry.path):
             continue
         if entry.is_dir:
             if units(entry.name, entry.path):
-                item = _unit_item(ctx, entry)
+                item = _unit_item(ctx, root, entry)
                 if item is not None:
                     yield item
         elif stat_mod.S_ISREG(entry.st.st_mode) and wanted(entry.name, entry.path):
             yield _file_item(ctx, entry)
 
 
-def _unit_item(ctx: Ctx, entry: walker.Entry) -> sel.CheckpointItem | None:
+def _unit_item(ctx: Ctx, root: Root, entry: walker.Entry) -> sel.CheckpointItem | None:
     try:
-        unit = unittree.measure_unit(entry.dir_fd, entry.name, entry.st.st_dev, ctx.tools.hook)
+        unit = unittree.measure_unit(entry.dir_fd, entry.name, root.dev, root.mnt, ctx.tools.hook)
     except OSError as exc:
         ctx.skip_error(entry.path, exc)
         return None
@@ -96,7 +97,7 @@ def _mirrored(ctx: Ctx, root: Root, cands: list[sel.Candidate]) -> list[sel.Cand
         return []
     from trainguard.actions.cleanup.kinds import mirrorcheck  # a child process on the share: only when asked for
 
-    return mirrorcheck.only_mirrored(cands, root.opened, mirror, ctx.tally, ctx.tools.mirror_timeout)
+    return mirrorcheck.only_mirrored(cands, root, mirror, ctx.tally, ctx.tools.mirror_timeout)
 
 
 def _take_until(plan: list[sel.Candidate], need: int) -> list[sel.Candidate]:
@@ -111,11 +112,10 @@ def _take_until(plan: list[sel.Candidate], need: int) -> list[sel.Candidate]:
 
 def _delete_one(ctx: Ctx, root: Root, cand: sel.Candidate) -> int:
     """Re-check one candidate from a fresh lstat and delete it; the bytes freed (0: skipped)."""
-    o = root.opened
     parent, _, name = cand.relpath.rpartition("/")
     path = full_path(root, cand.relpath)
     try:
-        pfd = walker.open_beneath(o.fd, parent, o.dev)
+        pfd = walker.open_beneath(root.fd, parent, root.dev, root.mnt)
     except OSError as exc:
         ctx.skip_error(path, exc)
         return 0
@@ -124,14 +124,14 @@ def _delete_one(ctx: Ctx, root: Root, cand: sel.Candidate) -> int:
         if (st.st_dev, st.st_ino) != (cand.dev, cand.ino):
             ctx.tally.skip("replaced", path, "not the entry that was judged")
             return 0
-        sized = _recheck(ctx, pfd, name, st, cand, path)
+        sized = _recheck(ctx, root, pfd, name, st, cand, path)
         now = ctx.tools.clock()
         if sized is None:
             return 0
         if not ctx.dry_run:
             ctx.before_delete(cand.relpath)
             if cand.is_unit:
-                unittree.remove_tree_at(pfd, name, o.dev, cand.ino)
+                unittree.remove_tree_at(pfd, name, root.dev, root.mnt, cand.ino)
             else:
                 os.unlink(name, dir_fd=pfd)
         ctx.went(root, path, sized, cand.reason, now - cand.age_ts, cand.is_unit)
@@ -143,12 +143,12 @@ def _delete_one(ctx: Ctx, root: Root, cand: sel.Candidate) -> int:
         os.close(pfd)
 
 
-def _recheck(ctx: Ctx, pfd: int, name: str, st: os.stat_result, cand: sel.Candidate,
+def _recheck(ctx: Ctx, root: Root, pfd: int, name: str, st: os.stat_result, cand: sel.Candidate,
              path: str) -> tuple[int, int] | None:
     """Grace, open files and mount points just before the delete: (bytes, files), or None to skip."""
     of, now = ctx.tools.open_files, ctx.tools.clock()
     if cand.is_unit:
-        unit = unittree.measure_unit(pfd, name, st.st_dev, ctx.tools.hook)
+        unit = unittree.measure_unit(pfd, name, root.dev, root.mnt, ctx.tools.hook)
         of.refresh()  # just before the delete
         if now - unit.newest_change < ctx.policy.grace:
             ctx.tally.skip("grace", path)

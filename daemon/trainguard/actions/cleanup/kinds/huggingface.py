@@ -17,9 +17,10 @@ from dataclasses import dataclass
 
 from trainguard.actions.cleanup import selection as sel
 from trainguard.actions.cleanup.engine import unittree, walker
-from trainguard.actions.cleanup.guard import Root, allowed
+from trainguard.actions.cleanup.guard import allowed
 from trainguard.actions.cleanup.kinds.age import AgeKind
 from trainguard.actions.cleanup.plan import Ctx, Planned, full_path
+from trainguard.actions.cleanup.safety.roots import Root
 from trainguard.units import format_duration
 
 
@@ -90,16 +91,15 @@ def _due(ctx: Ctx, rev: Detached) -> bool:
 
 def _detached(ctx: Ctx, root: Root):
     units = sel.globset(sel.CACHE_KINDS["huggingface-cache"].unit_globs)
-    o = root.opened
     try:
-        names = sorted(os.listdir(o.fd))
+        names = sorted(os.listdir(root.fd))
     except OSError as exc:
         ctx.skip_error(root.path, exc)
         return
     older_than = ctx.policy.older_than
     for name in names:
         if units(name, name) and name not in root.below:
-            if older_than is not None and _whole_repo_due(ctx, o, name, older_than):
+            if older_than is not None and _whole_repo_due(ctx, root, name, older_than):
                 continue  # the age kind takes the whole repo
             try:
                 yield from _repo_detached(ctx, root, name)
@@ -107,18 +107,18 @@ def _detached(ctx: Ctx, root: Root):
                 ctx.skip_error(full_path(root, name), exc)
 
 
-def _whole_repo_due(ctx: Ctx, o, name: str, older_than: float) -> bool:
+def _whole_repo_due(ctx: Ctx, root: Root, name: str, older_than: float) -> bool:
     try:
-        unit = unittree.measure_unit(o.fd, name, o.dev, ctx.tools.hook)
+        unit = unittree.measure_unit(root.fd, name, root.dev, root.mnt, ctx.tools.hook)
     except OSError:
         return False
     return ctx.now - unit.newest_access >= older_than
 
 
-def _read_refs(fd: int) -> set[str]:
+def _read_refs(fd: int, root: Root) -> set[str]:
     """Every commit hash a ref file below refs/ names (refs/pr/1 too)."""
     out = set()
-    for entry in walker.walk(fd, dev=os.fstat(fd).st_dev, on_problem=lambda p: None, mnt=walker.mount_id(fd)):
+    for entry in walker.walk(fd, dev=root.dev, on_problem=lambda p: None, mnt=root.mnt):
         if stat_mod.S_ISREG(entry.st.st_mode) and entry.st.st_size < 4096:
             with open(_open_noatime(fd, entry.path), encoding="ascii", errors="replace") as fh:
                 out.add(fh.read().strip())
@@ -134,13 +134,13 @@ def _open_noatime(dir_fd: int, path: str) -> int:
         return os.open(path, flags, dir_fd=dir_fd)
 
 
-def _snapshot_blobs(fd: int, dev: int) -> set[str]:
+def _snapshot_blobs(fd: int, root: Root) -> set[str]:
     """The blob names a snapshot's symlinks point to (../../blobs/<hash>, at any depth)."""
     out = set()
-    for entry in walker.walk(fd, dev=dev, on_problem=lambda p: None, mnt=walker.mount_id(fd)):
+    for entry in walker.walk(fd, dev=root.dev, on_problem=lambda p: None, mnt=root.mnt):
         if stat_mod.S_ISLNK(entry.st.st_mode):
             parent, _, name = entry.path.rpartition("/")
-            pfd = walker.open_beneath(fd, parent, dev)
+            pfd = walker.open_beneath(fd, parent, root.dev, root.mnt)
             try:
                 target = os.readlink(name, dir_fd=pfd)
             finally:
@@ -151,35 +151,34 @@ def _snapshot_blobs(fd: int, dev: int) -> set[str]:
 
 
 def _repo_detached(ctx: Ctx, root: Root, name: str):
-    o = root.opened
-    repo = walker.open_beneath(o.fd, name, o.dev)
+    repo = walker.open_beneath(root.fd, name, root.dev, root.mnt)
     try:
-        snaps = walker.open_beneath(repo, "snapshots", o.dev)
+        snaps = walker.open_beneath(repo, "snapshots", root.dev, root.mnt)
     except OSError:
         os.close(repo)
         return
     try:
         try:
-            refs_fd = walker.open_beneath(repo, "refs", o.dev)
+            refs_fd = walker.open_beneath(repo, "refs", root.dev, root.mnt)
         except OSError:
             refs = set()
         else:
             try:
-                refs = _read_refs(refs_fd)
+                refs = _read_refs(refs_fd, root)
             finally:
                 os.close(refs_fd)
         uses = {}
         for commit in sorted(os.listdir(snaps)):
-            cfd = walker.open_beneath(snaps, commit, o.dev)
+            cfd = walker.open_beneath(snaps, commit, root.dev, root.mnt)
             try:
-                uses[commit] = _snapshot_blobs(cfd, o.dev)
+                uses[commit] = _snapshot_blobs(cfd, root)
             finally:
                 os.close(cfd)
         kept = set().union(*(b for c, b in uses.items() if c in refs)) if refs else set()
         detached = [c for c in uses if c not in refs]
         if not detached or not refs:  # no ref at all: the repo is judged whole, by the age kind
             return
-        blobs_fd = walker.open_beneath(repo, "blobs", o.dev)
+        blobs_fd = walker.open_beneath(repo, "blobs", root.dev, root.mnt)
         try:
             for commit in detached:
                 rev = _measure(ctx, root, name, commit, uses[commit] - kept, (snaps, blobs_fd))
@@ -194,8 +193,8 @@ def _repo_detached(ctx: Ctx, root: Root, name: str):
 
 def _measure(ctx: Ctx, root: Root, repo: str, commit: str, only_here: set[str], fds) -> Detached | None:
     snaps, blobs_fd = fds
-    dev = root.opened.dev
-    unit = unittree.measure_unit(snaps, commit, dev, ctx.tools.hook)
+    dev = root.dev
+    unit = unittree.measure_unit(snaps, commit, dev, root.mnt, ctx.tools.hook)
     blobs, inodes = [], list(unit.inodes)
     last_use, newest_change = 0.0, unit.newest_change  # last use: its own blobs' atime/mtime
     unverifiable = False  # an uninspected process could hold one of its blobs
@@ -227,24 +226,23 @@ def _measure(ctx: Ctx, root: Root, repo: str, commit: str, only_here: set[str], 
 
 def _delete_revision(ctx: Ctx, root: Root, rev: Detached) -> None:
     """Re-check and delete one detached revision: its snapshot directory, then its own blobs."""
-    o = root.opened
     path = full_path(root, f"{rev.repo}/snapshots/{rev.commit}")
     reason = (f"huggingface-cache: detached revision {rev.commit[:12]} (no ref points to it), "
               f"unused for {format_duration(ctx.now - rev.last_use)}")
     try:
-        repo_fd = walker.open_beneath(o.fd, rev.repo, o.dev)
+        repo_fd = walker.open_beneath(root.fd, rev.repo, root.dev, root.mnt)
     except OSError as exc:
         ctx.skip_error(path, exc)
         return
     try:
-        if _recheck_open(ctx, repo_fd, rev, path):
+        if _recheck_open(ctx, root, rev, path):
             return
-        snaps = walker.open_beneath(repo_fd, "snapshots", o.dev)
+        snaps = walker.open_beneath(repo_fd, "snapshots", root.dev, root.mnt)
         try:
             st = os.stat(rev.commit, dir_fd=snaps, follow_symlinks=False)
             if not ctx.dry_run:
                 ctx.before_delete(f"{rev.repo}/snapshots/{rev.commit}")
-                unittree.remove_tree_at(snaps, rev.commit, o.dev, st.st_ino)
+                unittree.remove_tree_at(snaps, rev.commit, root.dev, root.mnt, st.st_ino)
         finally:
             os.close(snaps)
         ctx.went(root, path, (0, 1), reason, ctx.now - rev.last_use, True)
@@ -255,10 +253,9 @@ def _delete_revision(ctx: Ctx, root: Root, rev: Detached) -> None:
         os.close(repo_fd)
 
 
-def _recheck_open(ctx: Ctx, repo_fd: int, rev: Detached, path: str) -> bool:
+def _recheck_open(ctx: Ctx, root: Root, rev: Detached, path: str) -> bool:
     ctx.tools.open_files.refresh()
-    dev = os.fstat(repo_fd).st_dev
-    inodes = [(dev, ino) for _n, ino, _b in rev.blobs]
+    inodes = [(root.dev, ino) for _n, ino, _b in rev.blobs]
     if ctx.tools.open_files.any_open(inodes):
         ctx.skip_open(path, inodes)
         return True
@@ -266,7 +263,7 @@ def _recheck_open(ctx: Ctx, repo_fd: int, rev: Detached, path: str) -> bool:
 
 
 def _delete_blobs(ctx: Ctx, root: Root, repo_fd: int, rev: Detached, reason: str) -> None:
-    blobs_fd = walker.open_beneath(repo_fd, "blobs", root.opened.dev)
+    blobs_fd = walker.open_beneath(repo_fd, "blobs", root.dev, root.mnt)
     try:
         for name, ino, nbytes in rev.blobs:
             path = full_path(root, f"{rev.repo}/blobs/{name}")

@@ -29,7 +29,7 @@ from trainguard.actions.cleanup.engine import walker
 from trainguard.actions.cleanup.kinds.logfile import O_APPEND, Rotated, is_binary, rotate_file, writers
 from trainguard.actions.cleanup.record.audit import AuditLog
 from trainguard.actions.cleanup.record.report import CleanupReport, Item, RootReport, describe
-from trainguard.actions.cleanup.safety.roots import UnsafeRoot, mount_point_of, mounts_below, open_checked_root
+from trainguard.actions.cleanup.safety.roots import Root, UnsafeRoot, open_root
 from trainguard.config import LogsPolicy
 from trainguard.units import format_bytes
 
@@ -71,9 +71,8 @@ def _candidates(policy: LogsPolicy, root_fd: int, dev: int, below: frozenset[str
             yield entry.path, st
 
 
-def _rotate_root(policy: LogsPolicy, root_fd: int, dev: int, below: frozenset[str],
-                 tally: _Tally, dry_run: bool, proc_root: str) -> list[Rotated]:
-    found = list(_candidates(policy, root_fd, dev, below, tally))
+def _rotate_root(policy: LogsPolicy, root: Root, tally: _Tally, dry_run: bool, proc_root: str) -> list[Rotated]:
+    found = list(_candidates(policy, root.fd, root.dev, root.below, tally))
     held = writers({(st.st_dev, st.st_ino) for _, st in found}, proc_root) if found else {}
     done = []
     for relpath, st in found:
@@ -82,7 +81,7 @@ def _rotate_root(policy: LogsPolicy, root_fd: int, dev: int, below: frozenset[st
             continue
         parent, _, name = relpath.rpartition("/")
         try:
-            dir_fd = walker.open_beneath(root_fd, parent, dev)
+            dir_fd = walker.open_beneath(root.fd, parent, root.dev, root.mnt)
         except OSError as exc:
             tally.skip(walker.classify_error(exc))
             continue
@@ -118,21 +117,19 @@ def rotate_logs(policy: LogsPolicy, *, trigger: str = "manual", dry_run: bool = 
     started = clock()
     tally = _Tally(on_item)
     roots: list[RootReport] = []
-    for root in policy.roots:
+    for where in policy.roots:
         try:
-            o = open_checked_root(root, homes)
+            root = open_root(where, homes, proc_root)
         except UnsafeRoot as exc:
             tally.skip("unsafe-root")
-            roots.append(RootReport(root, "", note=str(exc)))
+            roots.append(RootReport(where, "", note=str(exc)))
             continue
         try:
-            mount = mount_point_of(o.path)
-            done = _rotate_root(policy, o.fd, o.dev, mounts_below(o.path, proc_root), tally, dry_run,
-                                proc_root)
+            done = _rotate_root(policy, root, tally, dry_run, proc_root)
         finally:
-            os.close(o.fd)
+            os.close(root.fd)
         for r in done:
-            path = os.path.join(o.path, r.relpath)
+            path = os.path.join(root.path, r.relpath)
             saved = r.before if dry_run else r.saved
             reason = f"logs: above max_size {format_bytes(policy.max_size)}, "
             if dry_run:
@@ -143,8 +140,8 @@ def rotate_logs(policy: LogsPolicy, *, trigger: str = "manual", dry_run: bool = 
                 reason += f"emptied ({r.method}; keep = 0)"
             tally.add(Item(path, saved, 1, reason, 0.0))
             if audit is not None and not dry_run:
-                audit.record(policy.name, mount, path, saved, 0, reason)
-        roots.append(RootReport(o.path, mount, len(done), sum(i.before if dry_run else i.saved for i in done)))
+                audit.record(policy.name, root.mount, path, saved, 0, reason)
+        roots.append(RootReport(root.path, root.mount, len(done), sum(i.before if dry_run else i.saved for i in done)))
     if audit is not None and not dry_run:
         audit.flush()
     files, nbytes = sum(r.files for r in roots), sum(r.bytes for r in roots)

@@ -20,7 +20,7 @@ from typing import Mapping, Sequence
 from trainguard.actions.cleanup import selection as sel
 from trainguard.actions.cleanup.engine import walker
 from trainguard.actions.cleanup.record.report import printable
-from trainguard.actions.cleanup.safety.roots import OpenedRoot
+from trainguard.actions.cleanup.safety.roots import Root
 from trainguard.config import Mirror, mirrored_path
 
 # The child: reads one JSON document {key: [[path, size, mtime_s], ...]} on stdin and prints
@@ -44,12 +44,11 @@ for key, files in todo.items():
 """
 
 
-def unit_files(parent_fd: int, name: str, dev: int) -> list[tuple[str, int, int]]:
-    """(path below the unit, size, mtime_s) of every file in a unit directory, mount points not entered."""
-    fd = walker.open_dir_at(parent_fd, name, dev, walker.mount_id(parent_fd))
+def unit_files(parent_fd: int, name: str, dev: int, mnt: int | None) -> list[tuple[str, int, int]]:
+    """(path below the unit, size, mtime_s) of every file in a unit directory, mount points not entered
+    (dev and mnt: the root's, which parent_fd is on)."""
+    fd = walker.open_dir_at(parent_fd, name, dev, mnt)
     try:
-        mnt = walker.mount_id(fd)
-
         def refuse(p: walker.WalkProblem) -> None:
             raise OSError(0, f"{p.path}: {p.reason}")
 
@@ -114,17 +113,17 @@ def _explain(answer: str, files: Sequence[tuple[str, int, int]]) -> str:
     return f"no copy at {path} ({error})" if kind == "missing" else f"the copy {path} differs in size or mtime"
 
 
-def only_mirrored(cands: list[sel.Candidate], o: OpenedRoot, mirror: Mirror, run, timeout: float) -> list[sel.Candidate]:
+def only_mirrored(cands: list[sel.Candidate], root: Root, mirror: Mirror, run, timeout: float) -> list[sel.Candidate]:
     """The candidates with an identical copy at mirror.dest; the others are skipped as "not-mirrored"."""
     wanted: dict[str, list[tuple[str, int, int]]] = {}
     for n, cand in enumerate(cands):
-        local = os.path.join(o.path, cand.relpath)
+        local = os.path.join(root.path, cand.relpath)
         dest = mirrored_path(mirror, local)
         if dest is None:
             run.skip("not-mirrored", local, f"not below mirror {mirror.name!r} source {mirror.source}")
             continue
         try:
-            files = _local_files(o, cand)
+            files = _local_files(root, cand)
         except OSError as exc:
             run.skip("not-mirrored", local, f"cannot list it: {exc.strerror}")
             continue
@@ -136,16 +135,16 @@ def only_mirrored(cands: list[sel.Candidate], o: OpenedRoot, mirror: Mirror, run
         if answer == "ok":
             out.append(cand)
         else:
-            run.skip("not-mirrored", os.path.join(o.path, cand.relpath), _explain(answer, wanted[key]))
+            run.skip("not-mirrored", os.path.join(root.path, cand.relpath), _explain(answer, wanted[key]))
     return out
 
 
-def _local_files(o: OpenedRoot, cand: sel.Candidate) -> list[tuple[str, int, int]]:
+def _local_files(root: Root, cand: sel.Candidate) -> list[tuple[str, int, int]]:
     parent, _, name = cand.relpath.rpartition("/")
-    pfd = walker.open_beneath(o.fd, parent, o.dev)
+    pfd = walker.open_beneath(root.fd, parent, root.dev, root.mnt)
     try:
         if cand.is_unit:
-            return unit_files(pfd, name, o.dev)
+            return unit_files(pfd, name, root.dev, root.mnt)
         st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
         return [("", st.st_size, int(st.st_mtime))]
     finally:

@@ -1,6 +1,10 @@
 """Which roots cleanup may work in: never /, a system directory, a home directory itself, a symlink
 or something that is not a directory (opened once, checked, then used by fd); and which mount points
-lie below a root (never crossed, even bind mounts of the same filesystem, which share st_dev)."""
+lie below a root (never crossed, even bind mounts of the same filesystem, which share st_dev).
+
+open_root() learns all of it once, into a Root that a run passes down as plain data: the walk, the
+judges and every reopening below the root take its fd, device and mount from there.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +24,31 @@ class OpenedRoot:
     dev: int
     ino: int
     mnt: int | None = None  # its mount (walker.mount_id): the walk never enters another one
+
+
+@dataclass(frozen=True, slots=True)
+class Root:
+    """A root opened for one run: the checked fd and what it is, its mount, the mount points below it."""
+
+    path: str  # the real, normalised path
+    fd: int
+    dev: int
+    ino: int
+    mnt: int | None  # its mount (walker.mount_id): nothing below it on another one is entered
+    mount: str  # the mount point holding it, for reports and the audit log
+    below: frozenset[str]  # relative paths of mount points below the root: never entered
+
+
+def open_root(root: str, homes: frozenset[str] | None, proc_root: str = "/proc") -> Root:
+    """open_checked_root, then the mount facts of the root. Raises UnsafeRoot, or OSError when the
+    mount table cannot be read; the caller closes .fd of what it returns."""
+    o = open_checked_root(root, homes)
+    try:
+        below = mounts_below(o.path, proc_root)
+    except BaseException:
+        os.close(o.fd)
+        raise
+    return Root(o.path, o.fd, o.dev, o.ino, o.mnt, mount_point_of(o.path), below)
 
 
 def open_checked_root(root: str, homes: frozenset[str] | None = None) -> OpenedRoot:
