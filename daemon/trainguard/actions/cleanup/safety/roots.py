@@ -19,6 +19,8 @@ from trainguard.sources.mounts import read_mounts
 
 @dataclass(frozen=True, slots=True)
 class OpenedRoot:
+    """A root opened and checked, before its mount facts are read (open_root makes the Root of it)."""
+
     path: str  # the real, normalised path
     fd: int
     dev: int
