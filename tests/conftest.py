@@ -11,6 +11,7 @@ import os
 import sys
 
 import pytest
+from hypothesis import settings
 
 from tests.support.http_receiver import HttpReceiver
 from tests.support.mounts import loop_ext4, root_reason, tmpfs
@@ -20,6 +21,12 @@ from tests.support.slowfs import SlowFs, fuse_available
 # check-jsonschema) are found as if it were active.
 if sys.prefix != sys.base_prefix:
     os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+
+# Property tests run the same examples on every run (CI included): a failure is reproducible, never luck.
+# HYPOTHESIS_PROFILE=explore searches anew (random examples, the local example database).
+settings.register_profile("fixed", derandomize=True, database=None)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fixed"))
 
 
 @pytest.fixture

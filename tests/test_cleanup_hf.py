@@ -95,7 +95,9 @@ def test_a_recent_detached_revision_stays_until_space_is_needed(tmp_path):
     repo = hf_repo(hub, "models--org--pinned", recent_days=0.5, old_days=2)  # bbbb used two days ago
     runner(tmp_path, 0).run(policy(type="huggingface-cache", roots=[str(hub)], older_than="7d", grace="0s"))
     assert "snapshots/bbbb" in names(repo)  # maybe pinned by commit hash: not old enough
-    runner(tmp_path, 0).run(policy(type="huggingface-cache", roots=[str(hub)], max_size="12KiB", grace="0s"))
+    # 24 KiB of files (three blobs and the ref, 4 KiB blocks): 8 KiB over the cap, what the detached revision
+    # frees. (A smaller cap rightly takes the whole repo after it.)
+    runner(tmp_path, 0).run(policy(type="huggingface-cache", roots=[str(hub)], max_size="16KiB", grace="0s"))
     assert "snapshots/bbbb" not in names(repo) and "blobs/w_old" not in names(repo)
     assert "snapshots/aaaa" in names(repo)  # the detached revision went first, the repo fits now
 
