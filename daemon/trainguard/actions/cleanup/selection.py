@@ -14,7 +14,7 @@ import fnmatch
 import os
 import re
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence, TypeVar
 
 from trainguard.config import AgePolicy, CachePolicy, CheckpointsPolicy
 from trainguard.units import format_duration
@@ -72,6 +72,20 @@ def globset(globs: Sequence[str]) -> GlobSet:
     if found is None:
         found = _GLOBSETS[key] = GlobSet(key)
     return found
+
+
+Sized = TypeVar("Sized")  # anything with .bytes: a Candidate, a detached hub revision
+
+
+def oldest_until(oldest_first: Sequence[Sized], need: int) -> list[Sized]:
+    """The oldest entries, in order, until they free `need` bytes (a watermark's or a size cap's need)."""
+    out, total = [], 0
+    for item in oldest_first:
+        if total >= need:
+            break
+        out.append(item)
+        total += item.bytes
+    return out
 
 
 def freed_bytes(st: os.stat_result) -> int:

@@ -26,7 +26,7 @@ class CheckpointsKind:
             cands = _mirrored(ctx, root, cands)
         if need is None:  # a plain run: every candidate, all or nothing under max_delete
             return Planned(sum(c.files for c in cands), sum(c.bytes for c in cands), data=cands)
-        chosen = _take_until(cands, need)  # a watermark run: what reaching low takes, oldest first
+        chosen = sel.oldest_until(cands, need)  # a watermark run: what reaching low takes, oldest first
         return Planned(data=cands, need_files=sum(c.files for c in chosen), need_bytes=sum(c.bytes for c in chosen))
 
     def execute(self, ctx: Ctx, root: Root, planned: Planned, need: int | None) -> None:
@@ -98,16 +98,6 @@ def _mirrored(ctx: Ctx, root: Root, cands: list[sel.Candidate]) -> list[sel.Cand
     from trainguard.actions.cleanup.kinds import mirrorcheck  # a child process on the share: only when asked for
 
     return mirrorcheck.only_mirrored(cands, root, mirror, ctx.tally, ctx.tools.mirror_timeout)
-
-
-def _take_until(plan: list[sel.Candidate], need: int) -> list[sel.Candidate]:
-    out, total = [], 0
-    for cand in plan:
-        if total >= need:
-            break
-        out.append(cand)
-        total += cand.bytes
-    return out
 
 
 def _delete_one(ctx: Ctx, root: Root, cand: sel.Candidate) -> int:

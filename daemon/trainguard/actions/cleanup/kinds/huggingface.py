@@ -47,7 +47,7 @@ class HfKind:
         revs = sorted(_detached(ctx, root), key=lambda d: d.last_use)  # oldest first
         # Space to free (a watermark run, over max_size): detached revisions first, only what the need
         # takes; the repos (AgeKind, oldest first) then take what is left of it.
-        taken = _take_until(revs, max(plan.need, plan.cap_need))
+        taken = sel.oldest_until(revs, max(plan.need, plan.cap_need))
         if taken:
             plan.less(sum(d.bytes for d in taken), ctx.policy.older_than)
             repos = self.repos.planned(plan, need)
@@ -70,16 +70,6 @@ class HfKind:
 
 def _files(revs: list[Detached]) -> int:
     return sum(1 + len(d.blobs) for d in revs)
-
-
-def _take_until(revs: list[Detached], need: int) -> list[Detached]:
-    out, total = [], 0
-    for rev in revs:
-        if total >= need:
-            break
-        out.append(rev)
-        total += rev.bytes
-    return out
 
 
 def _due(ctx: Ctx, rev: Detached) -> bool:
