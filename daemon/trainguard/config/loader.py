@@ -11,7 +11,7 @@ import os
 import stat
 import sys
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from pydantic import ValidationError, model_validator
 
@@ -27,8 +27,10 @@ from trainguard.config.gpu import Gpu
 from trainguard.config.mirror import Mirrors
 from trainguard.config.notify import Notify
 from trainguard.config.storage import Filesystems, Forecast, Io, LogWatch
-from trainguard.config.web import WebConfig, server_context
 from trainguard.redact import redact_url, scrub
+
+if TYPE_CHECKING:
+    from trainguard.config.web import WebConfig
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -198,7 +200,9 @@ def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
 def read_web_config(path: str, setting: str = "metrics.web_config") -> WebConfig:
     """The web config file: YAML in exporter-toolkit's format, checked down to its certificates.
     Its problems name the file and the setting (or variable) that points at it."""
-    import yaml  # only a daemon given a web config pays for it (1.4 MiB)
+    import yaml  # only a daemon given a web config pays for it (1.4 MiB), and for ssl (4 ms)
+
+    from trainguard.config.web import WebConfig, server_context
 
     source = f"{path} ({setting})"
     try:
