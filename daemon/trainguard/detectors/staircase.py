@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from trainguard.detectors.sawtooth import LOW_ERRORS
 
 MAX_STEP_ERROR = 0.1  # a checkpoint rhythm whose ETA is less certain than this is not one (bursts)
+STEP_SHARE = 0.5  # nor one whose writes make less than this share of the fill (noise on a steady writer)
 
 Points = Sequence[tuple[float, float]]
 
@@ -56,7 +57,7 @@ def stepped_eta(pts: Points, found: Sequence, background: float, rate: float, no
     ongoing = _ongoing(pts, found)
     done = found[:-1] if ongoing and len(found) > 3 else found
     nbytes = statistics.fmean(s.nbytes for s in done)
-    if every <= 0 or abs(nbytes / every + background - rate) > 0.3 * rate:
+    if every <= 0 or abs(nbytes / every + background - rate) > 0.3 * rate or nbytes / every < STEP_SHARE * rate:
         return None
     write = statistics.median(s.end - s.start for s in done)
     if ongoing:  # what it has written so far: since the sample before it, less the background

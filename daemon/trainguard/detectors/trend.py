@@ -22,11 +22,13 @@ Changes of regime:
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from trainguard.detectors import sawtooth, staircase
+from trainguard.detectors.despike import despiked
 
 BUCKETS = 48  # points the window is reduced to; 48 -> ~1100 pairs, cheap in pure Python
 MIN_POINTS = 4
@@ -54,6 +56,9 @@ class Trend:
     cleanup_missed: bool = False  # a saw-tooth whose cleanup passed both its level and its time
     eta_error: float = 0.0  # relative standard error of the ETA where it is known (checkpoint steps)
     eta_early: float | None = None  # earliest credible ETA: a saw-tooth's lows, a staircase's writes at their error
+    bounded: bool = False  # learned cleanups not known to keep up (sawtooth.keeps_up): no later than the plain fit
+    learning: bool = False  # the history covers less than a window yet
+    quiet: bool = False  # and shows a deletion whose rhythm is not known: shown, not alerted on
 
     def __post_init__(self) -> None:
         if not self.evidence:
@@ -102,7 +107,11 @@ def steps(points: Points, size: float, least: float = DROP_FRACTION) -> tuple[li
                 first -= 1
             last = min(j + 2, len(points) - 1)
             fell = points[first][1] - points[last][1]  # the background's share over a write is small
-            if fell >= max(size * least, 8 * spread):
+            # A write stays written: the level after it (the median of up to five samples) is down by
+            # most of the fall, where a burst of heavy-tailed noise comes back.
+            stays = statistics.median(v for _, v in points[max(first - 4, 0):first + 1]) \
+                - statistics.median(v for _, v in points[last:last + 5]) >= fell / 2
+            if fell >= max(size * least, 8 * spread) and stays:
                 found.append(Step(points[i][0], points[j + 1][0], fell))  # timed by its clear part
             i = j + 1
         else:
@@ -233,7 +242,11 @@ def jumps(points: Points, size: float, rising: bool) -> list[Drop]:
             while j + 1 < len(points) and sign * (points[j + 1][1] - points[j][1]) > 0:
                 j += 1
             moved = sign * (points[j][1] - points[i - 1][1])
-            if moved >= limit:
+            # A level that stays where the run took it (the median of three to five samples after it, of
+            # up to five before), not a run of noise or outliers that the next samples take back.
+            before = statistics.median(v for _, v in points[max(i - 5, 0):i])
+            after = [v for _, v in points[j:j + 5]]
+            if moved >= limit and len(after) >= 3 and sign * (statistics.median(after) - before) >= moved / 2:
                 found.append(Drop(points[j][0], j, sign * moved, i - 1))
             i = j + 1
         else:
@@ -267,16 +280,43 @@ def _burst(pts: Points, write: Drop) -> bool:
 
 
 def _cleanup_regime(pts: Points, cycles: Sequence[sawtooth.Cycle], gross: float, evidence: float, size: float,
-                    now: float) -> Trend:
+                    largest_write: float, now: float) -> Trend:
     # Checkpoint writes decide how far past its mark a GC triggers: lows anywhere within one checkpoint
     # below the mark are neither a decline nor a missed cleanup.
-    largest_write = max((s.nbytes for s in steps(pts, size)[0]), default=0.0)
     nxt = sawtooth.next_low(cycles, pts[-1][1], gross, size, largest_write, now)
     return Trend(slope=gross, span=pts[-1][0] - pts[0][0], points=len(pts), eta=nxt.eta,
                  cleanup_every=nxt.every, cleanup_frees=nxt.frees,
                  cleanup_low=nxt.low if nxt.eta is None else None, evidence=evidence, cycles=tuple(cycles),
                  next_cleanup_in=nxt.next_in, eta_without_cleanup=nxt.eta_without, cleanup_missed=nxt.stopped,
                  eta_error=nxt.error, eta_early=nxt.early)
+
+
+def _plain(pts: Points, cycles: tuple) -> Trend:
+    """The plain full-window fit: one robust line through the window as it is, no cleanup counted on;
+    its evidence is the window, from the last gap in it on."""
+    rate = consumption(pts) or 0.0
+    span = pts[-1][0] - pts[0][0]
+    gap = _seen_since(pts)
+    return Trend(slope=rate, span=span, points=len(pts), eta=pts[-1][1] / rate if rate > 0 else None,
+                 evidence=span if gap is None else max(pts[-1][0] - gap, 1.0), cycles=cycles)
+
+
+def _no_later(rhythm: Trend, plain: Trend) -> Trend:
+    """The trend of a rhythm that is not known to keep up (sawtooth.keeps_up): it alerts no later than the
+    plain fit. It is the rhythm's own forecast only where that alerts whenever the plain one would (its
+    ETA as short, on as many samples, at least as well backed by its evidence; forecast.level is
+    monotone in each), else the plain one."""
+    if rhythm.eta is not None and (plain.eta is None or (
+            rhythm.eta <= plain.eta and rhythm.points >= plain.points
+            and rhythm.eta * plain.evidence <= plain.eta * rhythm.evidence)):
+        return dataclasses.replace(rhythm, bounded=True)
+    return dataclasses.replace(plain, bounded=True)
+
+
+def _seen_since(pts: Points) -> float | None:
+    """The first time after the last gap in the points (GAP without a sample: the daemon was down, or
+    the clock jumped), None without one."""
+    return next((b[0] for a, b in zip(reversed(pts[:-1]), reversed(pts[1:])) if b[0] - a[0] > GAP), None)
 
 
 def _stepped(pts: Points, size: float, rate: float, now: float) -> staircase.Stepped | None:
@@ -294,11 +334,10 @@ def fill_trend(avail: Points, size: float, now: float, window: float, min_span: 
                known: Sequence[sawtooth.Cycle] = ()) -> Trend | None:
     """Trend of available bytes over the window; None until min_span of data exists. `known`: the
     cleanup cycles learned by earlier fits (Trend.cycles), for saw-tooths slower than the window shows."""
-    pts = [p for p in avail if now - window <= p[0] <= now]
+    pts = whole = despiked([p for p in avail if now - window <= p[0] <= now])
     if len(pts) < MIN_POINTS or pts[-1][0] - pts[0][0] < min_span:
         return None
-    latest = pts[-1][1]
-    drops = jumps(pts, size, rising=True)
+    drops = seen = jumps(pts, size, rising=True)
     cycles = sawtooth.merge(known, [sawtooth.Cycle(d.ts, _low(pts, d), d.freed) for d in drops if d.start >= 3],
                             now)
     if len(drops) == 1 and len(cycles) < 2 and pts[-1][0] - drops[0].ts >= min_span:
@@ -312,22 +351,37 @@ def fill_trend(avail: Points, size: float, now: float, window: float, min_span: 
             # of the window it would tilt the whole fit; what happened after it is the trend. Not the
             # one write of a rhythm that happened to pass the deletion-sized mark.
             pts = pts[writes[0].index:]
-    span = pts[-1][0] - pts[0][0]
     fitted = regime(_without_drops(pts, drops) if drops else pts, size, min_span)
     if fitted is None:
         return None
     rate, evidence = fitted
     # A rate holds only over time that was watched: after a gap in the history (a restart) the
     # evidence starts again, whatever the fit across the gap says.
-    seen_since = next((b[0] for a, b in zip(reversed(pts[:-1]), reversed(pts[1:])) if b[0] - a[0] > GAP), None)
+    seen_since = _seen_since(pts)
     if seen_since is not None:
         evidence = max(min(evidence, pts[-1][0] - seen_since), 1.0)  # (0 would read as "all of the span")
+    trend, proven = _forecast(pts, whole, bool(drops), cycles, rate, evidence, size, now)
+    if whole[0][0] > now - window + GAP:
+        # Warm-up: the history covers less than a window. A fill with no deletion in sight is what it
+        # seems; with one in sight it may be a churn not yet seen for one period: shown, not alerted on.
+        trend = dataclasses.replace(trend, learning=True, quiet=bool(seen) and not proven)
+    return trend
+
+
+def _forecast(pts: Points, whole: Points, dropped: bool, cycles: tuple, rate: float, evidence: float, size: float,
+              now: float) -> tuple[Trend, bool]:
+    """(the trend at `rate`, whether it counts on a rhythm that keeps up: sawtooth.keeps_up)."""
+    span = pts[-1][0] - pts[0][0]
     if len(cycles) < 2 or rate <= 0:
         # No deletion, or one recent one: the writer's pace, without assuming someone deletes again.
-        stepped = _stepped(pts, size, rate, now) if rate > 0 and not drops else None
+        stepped = _stepped(pts, size, rate, now) if rate > 0 and not dropped else None
         if stepped is not None:
             return Trend(slope=rate, span=span, points=len(pts), eta=stepped.eta, evidence=evidence,
-                         cycles=cycles, eta_error=stepped.error, eta_early=stepped.early)
-        return Trend(slope=rate, span=span, points=len(pts), eta=None if rate <= 0 else latest / rate,
-                     evidence=evidence, cycles=cycles)
-    return _cleanup_regime(pts, cycles, rate, evidence, size, now)
+                         cycles=cycles, eta_error=stepped.error, eta_early=stepped.early), False
+        return Trend(slope=rate, span=span, points=len(pts), eta=None if rate <= 0 else pts[-1][1] / rate,
+                     evidence=evidence, cycles=cycles), False
+    largest_write = max((s.nbytes for s in steps(pts, size)[0]), default=0.0)
+    rhythm = _cleanup_regime(pts, cycles, rate, evidence, size, largest_write, now)
+    if sawtooth.keeps_up(cycles, rate, size, largest_write, _jitter(whole[-60:])):
+        return rhythm, True
+    return _no_later(rhythm, _plain(whole, cycles)), False
