@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from trainguard.detectors import filesystem
 from trainguard.detectors.follow import Fit, follow_trend, learned, seeded  # noqa: F401  (follow_trend re-exported)
-from trainguard.detectors.trend import Trend, fill_trend, theil_sen  # noqa: F401  (re-exported)
+from trainguard.detectors.trend import MAX_ERROR, Trend, fill_trend, theil_sen  # noqa: F401  (re-exported)
 from trainguard.records import Finding, FsSample, Severity
 from trainguard.units import format_bytes, format_duration, format_ratio
 
@@ -31,9 +31,6 @@ def mount_trend(sample: FsSample, history: History, cfg: Forecast, now: float,
         return None, (seeded(learned(prev)) if prev is not None and prev.cycles else None)
     name = f"fs.avail_bytes:{sample.mount.mount_point}"
     return follow_trend(prev, lambda since: history.points(name, since), sample.usage.size_bytes, now, cfg)
-
-
-MAX_ERROR = 0.1  # relative ETA error beyond which an alert comes no earlier
 
 
 def level(trend: Trend | None, cfg: Forecast, active: Severity | None = None) -> tuple[Severity, float] | None:

@@ -3,15 +3,18 @@ learned from its cycles, and forecast as "the next low".
 
 Each cleanup seen is a `Cycle`: when it came, the free space just before it (its low) and what it
 freed. The cycles of the fit window are merged with those learned before (plain data the caller passes
-back in, kept for three of its longest periods, from a day up to a week), so a saw-tooth whose period is a large part of the window still has
-enough cycles for its period, the scatter of its lows and their drift.
+back in, and the daemon keeps in its state database), kept for three of the longest periods (a day at
+least, a week at most), so a saw-tooth whose period is a large part of the window, or longer than it,
+still has enough cycles for its period, the scatter of its lows and their drift.
 
-What a GC that keeps coming means for the forecast:
+A rhythm is counted on only where it keeps the disk from filling (`keeps_up`: the rule, stated there and
+in docs/forecast.md). What a GC that keeps up means for the forecast:
 - the next cleanup is expected one period after the last (`next_in`); if it does not come, the disk is
   full after `latest / gross` (`eta_without`): both go into the alert text;
 - the lows hold (within their own scatter): the disk is never forecast full while the next cleanup is
-  still due, by its level (the disk is above the lowest low, less the scatter) or by its time (within
-  the longest period seen); a cleanup missed by both is counted on no more;
+  still due, by its level (the disk is above the lowest low, less the lows' scatter) or by its time (no
+  later than the latest one came, by the periods' spread: `missed_after`); one missed by both is counted
+  on no more;
 - the lows go down across cycles by more than their scatter explains: the saw-tooth is run forward and
   the ETA is the moment the low before some cleanup reaches zero; it warns only when that low is
   within the warning lead. Where the lows are near zero the ETA is not smooth: a low that ends up a

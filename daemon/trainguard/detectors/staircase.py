@@ -1,6 +1,6 @@
 """A checkpoint staircase forecast by its writes: the disk is full during the write that does not fit.
 
-The steps (detectors.trend.steps: when each write came and what it wrote, and the background rate
+The steps (detectors.steps.steps: when each write came and what it wrote, and the background rate
 between them) give the rhythm's mean size and period. Run forward, the disk is full during the first
 write that does not fit in what is left: its time, not where a line through the staircase reaches zero
 (up to one period later). The ETA states its relative standard error, from how much the sizes and the
@@ -48,7 +48,7 @@ def _ongoing(pts: Points, found: Sequence) -> bool:
 
 
 def stepped_eta(pts: Points, found: Sequence, background: float, rate: float, now: float) -> Stepped | None:
-    """The forecast of a checkpoint rhythm (`found`: trend.Step, at least 3, none the window cuts into)
+    """The forecast of a checkpoint rhythm (`found`: steps.Step, at least 3, none the window cuts into)
     that explains the rate; None without such a rhythm."""
     # Means over the window, not medians: saves jitter in size and time around a steady pace, and the
     # mean of a few is the closer estimate of it (the median of five was 5 % off where the mean was 3 %).
