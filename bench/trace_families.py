@@ -291,15 +291,15 @@ def stopping_cleanups(rng: random.Random) -> dict:
 
 
 def cleaned_with_restarts(rng: random.Random) -> dict:
-    """A disk cleaned by a timer every 4-20 h down from near full (lows 5-12 % free), watched by a daemon
-    restarted 1-3 times at random moments (down 1 min-1 h). Judged once two cleanups have been seen (before
+    """A disk cleaned by a timer every 4-20 h (+-1 %, the writer's pace +-2 % from cycle to cycle) down from
+    near full (lows 5-12 % free), watched by a daemon restarted 1-3 times at random moments (down 1 min-1 h). Judged once two cleanups have been seen (before
     that no forecaster knows a cleanup will come again) for 48 h."""
     size = _size(rng)
     period, low = rng.uniform(4, 20) * H, rng.uniform(0.05, 0.12)
     depth = rng.uniform(0.2, 0.9 - low)
     rate = depth * size / period
     first = rng.uniform(0.1, 1.0) * period
-    ticks = _timer(rng, first, period, 0.1, first + 2 * period + 50 * H)
+    ticks = _timer(rng, first, period, 0.01, first + 2 * period + 50 * H)  # a timer: on time to minutes
     cleanups = {int(t / STEP) for t in ticks}
     top = (low + depth) * size
     end = ticks[1] + 48 * H
@@ -308,8 +308,15 @@ def cleaned_with_restarts(rng: random.Random) -> dict:
         length = rng.uniform(60, H)
         gaps.append((t, t + length))
         t += length + rng.uniform(1, 2) * period
-    avail = _run(int(end / STEP), low * size + rate * first,
-                 lambda k, f: rate * STEP * rng.uniform(0.9, 1.1) - (top - f if k in cleanups else 0.0))
+    pace = [1.0]
+
+    def per_step(k: int, f: float) -> float:
+        if k in cleanups:
+            pace[0] = rng.uniform(0.98, 1.02)  # the writer's pace changes a little from cycle to cycle
+            return rate * STEP * pace[0] - (top - f)
+        return rate * STEP * pace[0]
+
+    avail = _run(int(end / STEP), low * size + rate * first, per_step)
     return dict(size=size, avail=avail, judge_from=ticks[1] + 600, gaps=tuple(gaps),
                 params=dict(period_h=period / H, low=low, depth=depth))
 

@@ -93,8 +93,8 @@ def keeps_up(cycles: Sequence[Cycle], gross: float, size: float, largest_write: 
     - what they free covers what the writer fills (`gross` bytes/s) in their mean period, short by no more
       than a low scatters anyway (`_allowance`): a "cleanup" smaller than the fill between two of them
       leaves the disk to fill;
-    - the low has held: two cycles' lows within that allowance, more no lower across them than their
-      scatter explains (no loss per period).
+    - the low has held: two cycles' lows within that allowance; more, no lower across them than twice
+      their scatter (their own around their line, and at least that allowance): no loss per period.
     A rhythm that fails it may still make the forecast earlier, never later: detectors.trend then alerts
     no later than the plain full-window fit would."""
     if len(cycles) < 2 or gross <= 0 or min(c.freed for c in cycles) < NOISE_WIDTHS * noise:
@@ -173,12 +173,14 @@ def next_low(cycles: Sequence[Cycle], latest: float, gross: float, size: float, 
     next_in = max(last + every - now, 0.0)
     eta_without = latest / gross
     # Below the lowest low by more than the lows scatter (at least a deletion-sized share of the disk or a
-    # checkpoint), the level that brings a cleanup is passed; later than the latest one has come by more
-    # than the periods scatter, its time is.
-    floor = min(c.low for c in cycles) - max(size * 0.005, largest_write, spread)
+    # checkpoint; from two cycles, whose scatter says little, the allowance of a trigger's jitter), the
+    # level that brings a cleanup is passed; later than the latest one has come by more than the periods
+    # scatter, its time is.
+    margin = max(size * 0.005, largest_write, spread) if len(cycles) > 2 else _allowance(cycles, size, largest_write)
+    floor = min(c.low for c in cycles) - margin
     below = latest < floor
-    due_by = missed_after(cycles)
-    if below and (now >= due_by or now + eta_without < due_by):
+    longest = max(b.ts - a.ts for a, b in zip(cycles, cycles[1:]))
+    if below and (now >= missed_after(cycles) or now + eta_without < last + longest):
         # Neither its level nor its time brought the cleanup (or the disk is full before even its
         # latest time): it may have stopped, so count on none.
         return NextLow(eta_without, next_in, eta_without, every, frees, min(c.low for c in cycles), stopped=True)

@@ -310,7 +310,7 @@ def fill_trend(avail: Points, size: float, now: float, window: float, min_span: 
         # what the window alone says either (a fit with nothing learned: its own cycles, or the plain line).
         alone = fill_trend(avail, size, now, window, min_span)
         if alone is not None:
-            trend = _no_later(trend, alone)
+            trend = dataclasses.replace(_no_later(trend, alone), cycles=cycles)  # the learned ones go on
     if whole[0][0] > now - window + GAP:
         # Warm-up: the history covers less than a window. A fill with no deletion in sight is what it
         # seems; with one in sight it may be a churn not yet seen for one period: shown, not alerted on.
