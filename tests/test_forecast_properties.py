@@ -106,4 +106,23 @@ def test_a_gc_at_its_mark_that_stops_is_warned_within_a_fifth_of_its_period():
                         fp.Noise(1.44e6, heavy=True), seed=0))
 
 
+def test_a_cleanup_seen_late_across_a_restart_does_not_loosen_the_rhythm():
+    # A timer every 75 min; the daemon was down 4.40-4.54 h, over one cleanup, which it then saw 9 min
+    # late. Judged by its longest period and the spread of all periods, it was warned 31 min after the
+    # missed cleanup, 14 min past its jitter.
+    params = {"size": 2204.4e9, "period": 4484.24, "jitter": 0.0, "low": 0.132, "depth": 0.1974, "timer": True,
+              "first": 0.5, "start": 0.65, "rng": 247946406, "cycles": 6}
+    check_stop(fp.trace("stopping", params, fp.Noise(1.345e8, heavy=True), seed=47,
+                        downtime=[(11708.5, 11768.5), (15825.6, 16355.0), (20574.2, 21073.8)]))
+
+
+def test_a_download_started_minutes_after_a_fresh_start_is_not_alerted_before_it_has_lasted():
+    # 108 GB at 64 MB/s from 8 min after the daemon started, 144 GB left after it: full in 0.63 h at its
+    # pace, which had held 0.47 h; counting the flat minutes before it as evidence, a critical alert.
+    params = {"hours": 26.74, "rng": 711667, "size": 1262.7e9, "free": 0.2, "logs": 1e-09, "first": 508.6,
+              "count": 1}
+    check_never(fp.trace("downloads", params, fp.Noise(4.843e8), seed=711667,
+                         downtime=[(0.2, 28.1), (51698.6, 55338.2)]))
+
+
 logging.getLogger("trainguard.store.history").setLevel(logging.ERROR)  # clock steps are part of the draw

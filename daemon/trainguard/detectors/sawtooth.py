@@ -13,8 +13,7 @@ in docs/forecast.md). What a GC that keeps up means for the forecast:
   full after `latest / gross` (`eta_without`): both go into the alert text;
 - the lows hold (within their own scatter): the disk is never forecast full while the next cleanup is
   still due, by its level (the disk is above the lowest low, less the lows' scatter) or by its time (no
-  later than the latest one came, by the periods' spread: `missed_after`); one missed by both is counted
-  on no more;
+  later than its periods scatter: `missed_after`); one missed by both is counted on no more;
 - the lows go down across cycles by more than their scatter explains: the saw-tooth is run forward and
   the ETA is the moment the low before some cleanup reaches zero; it warns only when that low is
   within the warning lead. Where the lows are near zero the ETA is not smooth: a low that ends up a
@@ -35,8 +34,8 @@ MEMORY = 24 * 3600.0  # cycles are remembered at least this long (a day of check
 PERIODS_KEPT = 3  # ... and at least this many of their longest period ...
 MEMORY_MAX = 7 * 86400.0  # ... up to a week (a weekly cleanup is then known from its last two)
 MAX_CYCLES = 16
-LATE = 0.1  # a cleanup later than the latest one came, by their spread and this share of a period at least,
-# with the disk below its lows by their spread, has stopped
+LATE = 0.1  # a cleanup later than its periods scatter, and this share of a period at least, with the disk
+# below its lows by their scatter, has stopped
 JITTER_OF_FREED = 0.3  # lows scatter at least this share of what a cleanup frees (its trigger jitters)
 NOISE_WIDTHS = 6.0  # a cleanup frees more than this many widths of the sample-to-sample jitter
 # Standard errors a low to come may fall short of its forecast: a warning is due at every one of the
@@ -116,11 +115,13 @@ def _allowance(cycles: Sequence[Cycle], size: float, largest_write: float) -> fl
 
 
 def missed_after(cycles: Sequence[Cycle]) -> float:
-    """When the next cleanup is later than any came (the longest period after the last), by the spread of
-    the periods, or LATE of one where they hardly scatter: then its time has passed."""
+    """When the next cleanup is later than the rhythm's periods scatter (three robust widths of them past
+    their median, or LATE of one where they hardly scatter): then its time has passed. Robust: a cleanup
+    seen only after a restart's downtime came "late" once without the rhythm being any looser."""
     periods = [b.ts - a.ts for a, b in zip(cycles, cycles[1:])]
-    longest = max(periods)
-    return cycles[-1].ts + longest + max(longest - min(periods), LATE * statistics.median(periods))
+    every = statistics.median(periods)
+    spread = 1.4826 * statistics.median(abs(p - every) for p in periods)
+    return cycles[-1].ts + every + max(3 * spread, LATE * every)
 
 
 def _drift(cycles: Sequence[Cycle]) -> tuple[float, float]:

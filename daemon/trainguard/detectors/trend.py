@@ -313,9 +313,27 @@ def fill_trend(avail: Points, size: float, now: float, window: float, min_span: 
             trend = dataclasses.replace(_no_later(trend, alone), cycles=cycles)  # the learned ones go on
     if whole[0][0] > now - window + GAP:
         # Warm-up: the history covers less than a window. A fill with no deletion in sight is what it
-        # seems; with one in sight it may be a churn not yet seen for one period: shown, not alerted on.
-        trend = dataclasses.replace(trend, learning=True, quiet=bool(seen) and not proven)
+        # seems, from when it began (a download that started minutes after the daemon has held only
+        # since); with a deletion in sight it may be a churn not yet seen for one period: shown, not
+        # alerted on.
+        held = _held(pts, trend.slope, max(6 * _jitter(pts[-60:]), max(
+            (s.nbytes for s in steps(pts, size, least=0.0)[0]), default=0.0))) if trend.slope > 0 else trend.evidence
+        trend = dataclasses.replace(trend, learning=True, quiet=bool(seen) and not proven,
+                                    evidence=max(min(trend.evidence, held), 1.0))
     return trend
+
+
+def _held(pts: Points, rate: float, tolerance: float) -> float:
+    """Seconds back from the newest point over which every point lies within `tolerance` of the line at
+    `rate` through the newest few: how long that rate has held."""
+    t_last = pts[-1][0]
+    anchor = statistics.median(v - rate * (t_last - t) for t, v in pts[-5:])
+    since = t_last
+    for t, v in reversed(pts):
+        if abs(v - anchor - rate * (t_last - t)) > tolerance:
+            break
+        since = t
+    return t_last - since
 
 
 def _settled(pts: Points, size: float) -> list[tuple[float, float]]:
