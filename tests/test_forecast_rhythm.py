@@ -12,6 +12,8 @@ from trainguard.detectors.forecast import follow_trend, level
 from trainguard.detectors.trend import fill_trend
 from trainguard.store.history import History
 
+from tests.support.fill_props import REFIT_SLACK
+
 GB = 1e9
 H = 3600.0
 CFG = Forecast()
@@ -24,10 +26,12 @@ def steady_fill_with_gaussian_noise(seed: int):
     return [(10.0 * k, rate * (full_at - 10.0 * k) + rng.gauss(0.0, 0.1 * GB)) for k in range(int(full_at / 10))]
 
 
-def first_warning(samples, size: float, every: float = 60.0) -> float | None:
-    """When the warning that is still on at the end began, through the daemon's path (History,
-    follow_trend with its carried Fit, level with the default [forecast]), evaluated every `every` s."""
+def first_warnings(samples, size: float, every: float = 60.0) -> tuple[float | None, float | None]:
+    """When the warning that is still on at the end began: through the daemon's path (History,
+    follow_trend with its carried Fit, level with the default [forecast]), evaluated every `every` s; and
+    from a full refit with nothing learned (fill_trend over the window) at the same moments."""
     history, fit, active, since = History(None, window=CFG.window), None, None, None
+    refit_active, refit_since = None, None
     for t, v in samples:
         history.record(t, {"a": v})
         if t % every:
@@ -36,15 +40,21 @@ def first_warning(samples, size: float, every: float = 60.0) -> float | None:
         alert = level(trend, CFG, active)
         active = alert[0] if alert else None
         since = (since if since is not None else t) if alert else None
-    return since
+        refit = level(fill_trend(history.points("a", t - CFG.window), size, t, CFG.window, CFG.min_span), CFG,
+                      refit_active)
+        refit_active = refit[0] if refit else None
+        refit_since = (refit_since if refit_since is not None else t) if refit else None
+    return since, refit_since
 
 
 @pytest.mark.parametrize("seed", [1, 2, 4])
 def test_noise_blips_on_a_steady_fill_do_not_silence_the_warning(seed):
     # On these seeds two noise blips of ~0.5 GB were once learned as a cleanup every ~12 h, and the
-    # forecast waited for the next one while 26 GB filled per such period: no warning before full.
-    since = first_warning(steady_fill_with_gaussian_noise(seed), 100 * GB)
+    # forecast waited for the next one while 26 GB filled per such period: no warning until 0.5 h before
+    # full, where a full refit on the same samples warned 6 h ahead.
+    since, refit = first_warnings(steady_fill_with_gaussian_noise(seed), 100 * GB)
     assert since is not None and 22 * H - since >= 6 * H, since
+    assert refit is not None and since <= refit + REFIT_SLACK, (since - refit) / 60
 
 
 def test_blips_are_not_a_rhythm_that_keeps_up():

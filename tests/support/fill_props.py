@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from hypothesis import assume
 from hypothesis import strategies as st
 from trainguard.config import Forecast
-from trainguard.detectors.follow import follow_trend, learned, seeded
+from trainguard.detectors.follow import REFIT_EVERY, follow_trend, learned, seeded
 from trainguard.detectors.forecast import level
 from trainguard.detectors.trend import fill_trend
 from trainguard.store.cycles import LearnedCycles
@@ -34,6 +34,7 @@ GB = 1e9
 CFG = Forecast()
 NAME = "fs.avail_bytes:/data"
 EVERY = 60.0  # seconds between evaluations (the daemon: 10; a minute keeps the suite fast)
+REFIT_SLACK = REFIT_EVERY  # the daemon's carried fit is a full fit at most this old (detectors.follow)
 
 
 @dataclass(frozen=True)
@@ -86,13 +87,25 @@ class Replay:
     alerting: list[bool]
     etas: list[float | None]
     refit: list[bool]  # the same evaluations from a full refit with nothing learned (compare=True only)
+    refit_alone: list[bool] = field(default_factory=list)  # and each of them without the alert's hysteresis
 
     def warned_since(self) -> float | None:
         """When the alert still on at the last evaluation began."""
         return _episode_start(self.times, self.alerting)
 
     def refit_warned_since(self) -> float | None:
-        return _episode_start(self.times, self.refit)
+        """When the full refit's alert still on at the end began, from the first two evaluations in a row
+        that alert on their own: a full fit's ETA jitters from one evaluation to the next (on noise of a few
+        per cent of the free space; made in the middle of a checkpoint write, it sees part of it), and a
+        single dip under the threshold is then held by the hysteresis. The carried fit samples the full
+        fit every few minutes, not at that one dip."""
+        start = _episode_start(self.times, self.refit)
+        if start is None:
+            return None
+        k = self.times.index(start)
+        while k + 1 < len(self.times) and not (self.refit_alone[k] and self.refit_alone[k + 1]):
+            k += 1
+        return self.times[k]
 
 
 def _episode_start(times, on) -> float | None:
@@ -139,6 +152,7 @@ def replay(trace: Trace, every: float = EVERY, compare_from: float | None = None
             refit = level(fresh, CFG, refit_active)
             refit_active = refit[0] if refit else None
         out.refit.append(compare_from is not None and now >= compare_from and refit is not None)
+        out.refit_alone.append(out.refit[-1] and level(fresh, CFG) is not None)
     return out
 
 
@@ -376,7 +390,7 @@ def filling(draw) -> Trace:
     assume(disk.full_at >= 12.5 * H)
     quiet_until = disk.full_at - 12.5 * H
     gaps = _restarts(draw, 0.0, disk.full_at, 600.0)
-    if quiet_until > 0:
+    if quiet_until > 20.0:  # (a restart is down 10 s at least)
         gaps += _restarts(draw, 0.0, quiet_until / 2, quiet_until / 2)
     steps = _clock_steps(draw, 0.0, quiet_until) if quiet_until > 2 * H else ()
     return trace(family, p, _noise(draw, p["size"]), _seed(draw), sorted(gaps), steps)

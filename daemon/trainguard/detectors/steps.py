@@ -14,6 +14,7 @@ from dataclasses import dataclass
 Points = Sequence[tuple[float, float]]
 
 DROP_FRACTION = 0.005  # a rise in free space of >= 0.5 % of the filesystem is a deletion, not noise
+PACE_WOBBLE = 0.1  # a writer's pace varies this much from one stretch to the next
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +35,9 @@ def steps(points: Points, size: float, least: float = DROP_FRACTION) -> tuple[li
     found: list[Step] = []
     i = 0
     while i < len(diffs):
-        if diffs[i][0] - base * diffs[i][1] < -4 * spread - 1.0:
+        # Beyond 4x the noise, and beyond what a writer's pace wobbling by PACE_WOBBLE adds up to over
+        # the interval: across a restart's gap a steady fill a few per cent faster is no checkpoint.
+        if diffs[i][0] - base * diffs[i][1] < -4 * spread - PACE_WOBBLE * abs(base) * diffs[i][1] - 1.0:
             j = i
             # Hysteresis: a write starts beyond 4x the noise and goes on while it still falls past
             # half of it, so jitter on top of a slower write does not split it in two.

@@ -184,11 +184,22 @@ def jumps(points: Points, size: float, rising: bool) -> list[Drop]:
             before = statistics.median(v for _, v in points[max(i - 5, 0):i])
             after = [v for _, v in points[j:j + 5]]
             if moved >= limit and len(after) >= 3 and sign * (statistics.median(after) - before) >= moved / 2:
-                found.append(Drop(points[j][0], j, sign * moved, i - 1))
+                # What it freed (a write: minus what it wrote) is what the run moved plus what the writer
+                # wrote meanwhile at the pace around it: a run of averaged history spans minutes, and
+                # cleanups seen short by them leave that much of the fill in the line between them.
+                took = points[j][0] - points[i - 1][0]
+                pace = _pace(points[max(i - 5, 0):i], points[j:j + 5])
+                found.append(Drop(points[j][0], j, points[j][1] - points[i - 1][1] + pace * took, i - 1))
             i = j + 1
         else:
             i += 1
     return found
+
+
+def _pace(*parts: Points) -> float:
+    """Bytes/s the free space falls between consecutive points of each part (the median: robust to noise)."""
+    rates = [(a[1] - b[1]) / (b[0] - a[0]) for part in parts for a, b in zip(part, part[1:]) if b[0] > a[0]]
+    return statistics.median(rates) if rates else 0.0
 
 
 def _without_drops(points: Points, drops: Sequence[Drop]) -> list[tuple[float, float]]:
