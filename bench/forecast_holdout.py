@@ -4,17 +4,22 @@
     PYTHONPATH=daemon python bench/forecast_holdout.py --hold-out [--per-family 20]
 
 Seeds below 1000001 are for development. A hold-out range is run once with the final code and then counts
-as seen: 1000001-20 to 6000001-20 were; the README reports 7000001-20 (`--seeds 7000001:7000020`), with
-the seen 6000001-20 beside it; `--hold-out` runs the next range no code has run on yet (8000001-20).
+as seen: 1000001-20 to 7000001-20 were; the README reports 8000001-20 (`--seeds 8000001:8000020`), with
+the seen 7000001-20 beside it; `--hold-out` runs the next range no code has run on yet (9000001-20).
 Each trace is fed, 10 s sample by 10 s sample with the wall-clock stamps the daemon would write
 (restarts leave gaps, clock steps move the stamps), through the daemon's History and the daemon's own
 fit and alert rule (detectors.forecast.follow_trend and level, default [forecast]), evaluated every
---every seconds; a restart forgets the incremental fit but not the alert state (both as the daemon does).
+--every seconds; a restart forgets the incremental fit but not the alert state nor the cleanup cycles
+learned, which it reads back from the state database's table (all three as the daemon does).
 
 Score:
-- never-filling families: false alert episodes per 1,000 h judged (from one window of history on);
+- never-filling families: false alert episodes per 1,000 h judged (from one window of history on, or, on a
+  disk cleaned every 4-20 h, from its second cleanup);
 - filling families: the least lead (first warning of the episode firing at the end, to full), and the
-  ETA error at the evaluations 5.5-6.5 h before full (median and worst, per cent).
+  ETA error at the evaluations 5.5-6.5 h before full (median and worst, per cent);
+- cleanups that stop: the share of the time from the missed cleanup to full that a warning is on, and how
+  long after the cleanup was due (or 6 h before full, if later) the warning came, in periods of the rhythm
+  (a seed fails beyond a quarter period).
 predict_linear is the rule `predict_linear(avail[6h], 6*3600) < 0` (Prometheus' least squares over the
 range's samples, intercept at the evaluation time) on the same samples.
 """
@@ -26,6 +31,7 @@ import bisect
 import logging
 import math
 import os
+import sqlite3
 import statistics
 import sys
 import time
@@ -36,19 +42,22 @@ sys.path[:0] = [os.path.join(HERE, "..", "daemon"), HERE]
 import trace_families as tf  # noqa: E402
 from forecast_accuracy import episodes, lead  # noqa: E402  (the same scoring as the fixed traces)
 from trainguard.config import Forecast  # noqa: E402
-from trainguard.detectors.forecast import follow_trend, level  # noqa: E402
+from trainguard.detectors.forecast import follow_trend, learned, level, seeded  # noqa: E402
+from trainguard.store.cycles import LearnedCycles  # noqa: E402
 from trainguard.store.history import History  # noqa: E402
 
 H = 3600.0
 CFG = Forecast()
-HOLD_OUT = 8_000_001  # 1000001-20 to 7000001-20 have been run: seen
+HOLD_OUT = 9_000_001  # 1000001-20 to 8000001-20 have been run: seen
 NAME = "fs.avail_bytes:/data"
 
 
 def run_trainguard(trace: tf.Trace, times: list[float]) -> list[tuple[bool, float | None]]:
-    """(alerting, eta) at each true evaluation time, through the daemon's History and incremental fit."""
+    """(alerting, eta) at each true evaluation time, through the daemon's History and incremental fit;
+    the learned cleanup cycles kept in the state database's table, as the daemon keeps them."""
     out, active, fit = [], None, None
     history = History(None, window=CFG.window)
+    store = LearnedCycles(sqlite3.connect(":memory:"))
     samples = trace.samples()
     pending = next(samples, None)
     was_down = False
@@ -64,14 +73,15 @@ def run_trainguard(trace: tf.Trace, times: list[float]) -> list[tuple[bool, floa
             out.append((False, None))  # the daemon is not running: it alerts nothing
             was_down = True
             continue
-        if was_down:
-            fit, was_down = None, False  # a restarted daemon starts without its in-memory fit
         last = history.latest(NAME)
         if last is None:
             out.append((False, None))
             continue
         wall = last[0]
+        if was_down:  # a restarted daemon starts without its in-memory fit, from the cycles it saved
+            fit, was_down = seeded(store.load(wall).get(NAME, ())), False
         trend, fit = follow_trend(fit, lambda since: history.points(NAME, since), trace.size, wall, CFG)
+        store.save(NAME, learned(fit), wall)
         alert = level(trend, CFG, active)
         active = alert[0] if alert else None
         out.append((alert is not None, trend.eta if trend else None))
@@ -124,7 +134,8 @@ METHODS = {"trainguard": run_trainguard, "predict_linear": run_promql}
 
 
 def score_family(family: str, seeds, every: float, verbose: bool) -> dict:
-    rows = {m: {"episodes": 0, "hours": 0.0, "lead": [], "err": [], "bad": []} for m in METHODS}
+    rows = {m: {"episodes": 0, "hours": 0.0, "lead": [], "err": [], "bad": [], "late": [], "share": []}
+            for m in METHODS}
     for seed in seeds:
         trace = tf.draw(family, seed)
         if trace.full_at is not None:
@@ -145,6 +156,16 @@ def score_family(family: str, seeds, every: float, verbose: bool) -> dict:
                 row["hours"] += (end - trace.judge_from) / H
                 if count:
                     row["bad"].append(seed)
+            elif trace.missed_at is not None:
+                # A rhythm that stops: from when is it warned, against when the missed cleanup was due (or
+                # 6 h before full, if that is later), and for what share of the time from the miss to full.
+                due = max(trace.missed_at, trace.full_at - 6 * H)
+                late = max(trace.full_at - lead(run, times, trace.full_at) - due, 0.0) / (trace.params["period_h"] * H)
+                row["late"].append(late)
+                after = [on for (on, _), t in zip(run, times) if t >= trace.missed_at and t % every == 0]
+                row["share"].append(sum(after) / max(len(after), 1) * 100)
+                if late > 0.25:
+                    row["bad"].append(seed)
             else:
                 row["lead"].append(lead(run, times, trace.full_at))
                 if row["lead"][-1] < 6 * H:
@@ -155,7 +176,8 @@ def score_family(family: str, seeds, every: float, verbose: bool) -> dict:
                         row["err"].append(math.inf if eta is None else abs(eta - left) / left * 100)
         if verbose:
             got = rows["trainguard"]
-            what = hm(got["lead"][-1]) if trace.full_at is not None else f"{got['episodes']} episodes so far"
+            what = (f"late by {got['late'][-1]:.2f} periods" if trace.missed_at is not None
+                    else hm(got["lead"][-1]) if trace.full_at is not None else f"{got['episodes']} episodes so far")
             print(f"  {family} seed {seed}: {what}; {trace.params}", file=sys.stderr)
     return rows
 
@@ -199,6 +221,10 @@ def main() -> int:
             if family in tf.NEVER:
                 per_1000 = row["episodes"] / row["hours"] * 1000
                 cells.append(f"{per_1000:.1f} false episodes / 1,000 h ({row['episodes']} in {row['hours']:.0f} h)")
+            elif row["late"]:
+                cells.append(f"warned {min(row['share']):.0f} % (least) / {statistics.median(row['share']):.0f} % "
+                             f"(median) of the time from the missed cleanup to full; at worst "
+                             f"{max(row['late']):.2f} periods after it was due")
             else:
                 cells.append(f"least lead {hm(min(row['lead']))}; ETA error {pct(row['err'])}")
         print(f"| {family} | {cells[0]} | {cells[1]} | {' '.join(map(str, rows['trainguard']['bad'])) or '-'} |",

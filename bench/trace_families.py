@@ -40,6 +40,8 @@ class Trace:
     gaps: tuple[tuple[float, float], ...] = ()  # (start, end) true seconds the daemon is down
     clock_steps: tuple[tuple[float, float], ...] = ()  # (at, seconds) the wall clock jumps by
     params: dict = field(default_factory=dict)
+    gauss: bool = False  # noise: Gaussian with standard deviation `noise` (else uniform within +- noise)
+    missed_at: float | None = None  # a rhythm that stops: when its first missed cleanup was due
 
     @property
     def hours(self) -> float:
@@ -55,7 +57,8 @@ class Trace:
                 offset += steps.pop(0)[1]
             if any(a <= t < b for a, b in self.gaps):
                 continue
-            measured = min(max(value + rng.uniform(-self.noise, self.noise), 0.0), self.size)
+            jitter = rng.gauss(0.0, self.noise) if self.gauss else rng.uniform(-self.noise, self.noise)
+            measured = min(max(value + jitter, 0.0), self.size)
             yield t, t + offset, measured
 
 
@@ -255,6 +258,77 @@ def _ticks(rng: random.Random, every: float, end: float) -> list[float]:
     return out
 
 
+def gaussian_fill(rng: random.Random) -> dict:
+    """A steady fill measured with Gaussian noise of 0.05-0.15 % of the disk per sample (a 100 GB disk at
+    ~2.2 GB/h with 0.1 GB of noise once went unwarned: two noise blips were taken for a cleanup rhythm)."""
+    out = steady_fill(rng)
+    out["gauss"] = True
+    out["noise"] = out["size"] * rng.uniform(0.0005, 0.0015)
+    return out
+
+
+def stopping_cleanups(rng: random.Random) -> dict:
+    """A cleanup timer every 1-8 h that frees what was written (lows 8-35 % free) for 2-4 windows of
+    history, then stops; the writer goes on until the disk is full. Scored by the share of the time from
+    the missed cleanup to full that a warning is on."""
+    size = _size(rng)
+    period, low = rng.uniform(1, 8) * H, rng.uniform(0.08, 0.35)
+    depth = rng.uniform(0.05, min(0.5, 0.9 - low))
+    rate = depth * size / period
+    first = rng.uniform(0.1, 1.0) * period
+    stop_at = first + period * math.ceil(rng.uniform(2, 4) * 6 * H / period)
+    ticks = _timer(rng, first, period, 0.05, stop_at)
+    cleanups = {int(t / STEP) for t in ticks}
+    top = (low + depth) * size
+
+    def per_step(k: int, f: float) -> float:
+        return rate * STEP - (top - f if k in cleanups else 0.0)
+
+    avail = _run(int((stop_at + 2 * period + (low + depth) * size / rate) / STEP), low * size + rate * first,
+                 per_step)
+    return dict(size=size, avail=avail, missed_at=ticks[-1] + period,
+                params=dict(period_h=period / H, low=low, depth=depth, cycles=len(ticks)))
+
+
+def cleaned_with_restarts(rng: random.Random) -> dict:
+    """A disk cleaned by a timer every 4-20 h (+-1 %, the writer's pace +-2 % from cycle to cycle) down from
+    near full (lows 5-12 % free), watched by a daemon restarted 1-3 times at random moments (down 1 min-1 h). Judged once two cleanups have been seen (before
+    that no forecaster knows a cleanup will come again) for 48 h."""
+    size = _size(rng)
+    period, low = rng.uniform(4, 20) * H, rng.uniform(0.05, 0.12)
+    depth = rng.uniform(0.2, 0.9 - low)
+    rate = depth * size / period
+    first = rng.uniform(0.1, 1.0) * period
+    ticks = _timer(rng, first, period, 0.01, first + 2 * period + 50 * H)  # a timer: on time to minutes
+    cleanups = {int(t / STEP) for t in ticks}
+    top = (low + depth) * size
+    end = ticks[1] + 48 * H
+    gaps, t = [], ticks[1] + rng.uniform(0, period)
+    for _ in range(rng.randint(1, 3)):
+        length = rng.uniform(60, H)
+        gaps.append((t, t + length))
+        t += length + rng.uniform(1, 2) * period
+    pace = [1.0]
+
+    def per_step(k: int, f: float) -> float:
+        if k in cleanups:
+            pace[0] = rng.uniform(0.98, 1.02)  # the writer's pace changes a little from cycle to cycle
+            return rate * STEP * pace[0] - (top - f)
+        return rate * STEP * pace[0]
+
+    avail = _run(int(end / STEP), low * size + rate * first, per_step)
+    return dict(size=size, avail=avail, judge_from=ticks[1] + 600, gaps=tuple(gaps),
+                params=dict(period_h=period / H, low=low, depth=depth))
+
+
+def _timer(rng: random.Random, first: float, every: float, jitter: float, end: float) -> list[float]:
+    out, t = [], first
+    while t < end:
+        out.append(t)
+        t += every * rng.uniform(1 - jitter, 1 + jitter)
+    return out
+
+
 BASES = (sawtooth_gc, downloads, bursty_logs)
 
 
@@ -280,9 +354,11 @@ def clock_steps(rng: random.Random) -> dict:
 
 
 FILLING = {"steady fill": steady_fill, "checkpoint steps": checkpoint_steps, "slow leak": slow_leak,
-           "saw-tooth that fills": sawtooth_fill}
+           "saw-tooth that fills": sawtooth_fill, "steady fill, Gaussian noise": gaussian_fill,
+           "cleanups that stop": stopping_cleanups}
 NEVER = {"saw-tooth GC": sawtooth_gc, "downloads": downloads, "bursty logs, rotated": bursty_logs,
-         "restarts (gaps)": restarts, "clock steps": clock_steps}
+         "restarts (gaps)": restarts, "clock steps": clock_steps,
+         "cleaned every 4-20 h, restarts": cleaned_with_restarts}
 FAMILIES = {**FILLING, **NEVER}
 
 
@@ -298,6 +374,7 @@ def draw(family: str, seed: int) -> Trace:
     if filling:
         avail = _until_full(avail)
     return Trace(family=family, seed=seed, size=size, avail=[min(v, size) for v in avail],
-                 noise=_noise(rng, size), full_at=_full(avail) if filling else None,
-                 gaps=drawn.get("gaps", ()), clock_steps=drawn.get("clock_steps", ()),
-                 params=drawn.get("params", {}))
+                 noise=drawn.get("noise", _noise(rng, size)), full_at=_full(avail) if filling else None,
+                 judge_from=drawn.get("judge_from", 6 * H), gaps=drawn.get("gaps", ()),
+                 clock_steps=drawn.get("clock_steps", ()), params=drawn.get("params", {}),
+                 gauss=drawn.get("gauss", False), missed_at=drawn.get("missed_at"))

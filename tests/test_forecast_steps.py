@@ -7,7 +7,8 @@ import random
 import pytest
 from trainguard import config as configmod
 from trainguard.detectors import forecast
-from trainguard.detectors.trend import fill_trend, steps
+from trainguard.detectors.steps import steps
+from trainguard.detectors.trend import fill_trend
 
 GB = 1e9
 SIZE = 1000 * GB

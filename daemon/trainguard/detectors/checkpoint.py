@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from trainguard.detectors import filesystem
-from trainguard.detectors.trend import DROP_FRACTION, Points, Step, steps
+from trainguard.detectors.steps import DROP_FRACTION, Points, Step, steps
 from trainguard.records import CheckpointFact, Finding, Severity
 from trainguard.units import format_bytes, format_duration, format_ratio
 

@@ -21,7 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from trainguard.detectors import sawtooth
-from trainguard.detectors.trend import DROP_FRACTION, Points, Step, Trend, fill_trend, steps
+from trainguard.detectors.steps import DROP_FRACTION, Step, steps
+from trainguard.detectors.trend import GAP, Points, Trend, fill_trend
 
 REFIT_EVERY = 600.0  # seconds a carried trend lives at most
 SETTLE = 60.0  # after news (a write, a deletion in progress), fit once more this much later
@@ -76,14 +77,19 @@ def _full(prev: Fit | None, pts: Points, size: float, now: float, cfg, news: boo
     floor = float("-inf")
     cycles = trend.cycles if trend is not None else known
     if trend is not None:
+        if trend.learning:
+            refit.append(pts[0][0] + cfg.window - GAP)  # the history covers the window: no longer learning
+        if trend.bounded:
+            # Which of the rhythm's forecast and the plain fit alerts first changes as the window slides,
+            # which no carried line follows: such a trend is fitted again each cycle (about 1 ms).
+            refit.append(now + 1.0)
         # A cleanup that leaves the window, or that falls due, changes the fit.
         refit += [c.ts + cfg.window for c in cycles if c.ts + cfg.window > now]
         if trend.next_cleanup_in:
             refit.append(now + trend.next_cleanup_in)
         if len(cycles) >= 2:
-            periods = [b.ts - a.ts for a, b in zip(cycles, cycles[1:])]
-            refit.append(max(cycles[-1].ts + sawtooth.LATE * max(periods), now + 1.0))
-            floor = min(c.low for c in cycles) - sawtooth.JITTER_OF_FREED * statistics.median(c.freed for c in cycles)
+            refit.append(max(sawtooth.missed_after(cycles), now + 1.0))
+            floor = min(c.low for c in cycles)
         refit += [s.end + cfg.window for s in found if s.end + cfg.window > now]
     tolerance = min(DROP_FRACTION * size / 2,
                     max(NOISE_FACTOR * _noise(pts), ETA_SHARE * max(anchor, 0.0), 1.0))
@@ -122,7 +128,20 @@ def _carried(prev: Fit, now: float) -> Trend:
                  cleanup_every=trend.cleanup_every, cleanup_frees=trend.cleanup_frees, cleanup_low=trend.cleanup_low,
                  evidence=trend.evidence + dt, cycles=trend.cycles, next_cleanup_in=later(trend.next_cleanup_in),
                  eta_without_cleanup=later(trend.eta_without_cleanup), cleanup_missed=trend.cleanup_missed,
-                 eta_error=trend.eta_error, eta_early=later(trend.eta_early))
+                 eta_error=trend.eta_error, eta_early=later(trend.eta_early), bounded=trend.bounded,
+                 learning=trend.learning, quiet=trend.quiet)
+
+
+def seeded(rows: Sequence[tuple[float, float, float]]) -> Fit:
+    """A Fit with no trend yet that hands cleanup cycles learned earlier ((ts, low, freed) rows: from the
+    state database at start, or kept over a sample that could not be read) to the next full fit."""
+    cycles = tuple(sawtooth.Cycle(*row) for row in rows)
+    return Fit(None, float("-inf"), float("-inf"), 0.0, 0.0, 0.0, float("-inf"), float("-inf"), cycles)
+
+
+def learned(fit: Fit | None) -> tuple[tuple[float, float, float], ...]:
+    """The cleanup cycles a Fit holds, as plain (ts, low, freed) rows for the state database."""
+    return tuple((c.ts, c.low, c.freed) for c in fit.cycles) if fit is not None else ()
 
 
 def follow_trend(prev: Fit | None, read: Reader, size: float, now: float, cfg) -> tuple[Trend | None, Fit]:

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from trainguard.detectors import filesystem
-from trainguard.detectors.follow import Fit, follow_trend  # noqa: F401  (follow_trend re-exported)
-from trainguard.detectors.trend import Trend, fill_trend, theil_sen  # noqa: F401  (re-exported)
+from trainguard.detectors.follow import Fit, follow_trend, learned, seeded  # noqa: F401  (follow_trend re-exported)
+from trainguard.detectors.trend import MAX_ERROR, Trend, fill_trend, theil_sen  # noqa: F401  (re-exported)
 from trainguard.records import Finding, FsSample, Severity
 from trainguard.units import format_bytes, format_duration, format_ratio
 
@@ -25,20 +25,18 @@ def mount_trend(sample: FsSample, history: History, cfg: Forecast, now: float,
                 prev: Fit | None = None) -> tuple[Trend | None, Fit | None]:
     """A sampled mount's fill trend from its history, and the Fit to pass back next cycle: the one fit
     the detector, the metrics and `status` all show, refitted only when a new sample can change it
-    (detectors.follow). (None, None) for a mount without usable usage."""
+    (detectors.follow). No trend for a mount without usable usage, but the cleanup cycles learned so
+    far are kept: one unreadable sample must not forget a daily cleanup."""
     if not sample.responsive or sample.usage is None or sample.usage.size_bytes <= 0:
-        return None, None
+        return None, (seeded(learned(prev)) if prev is not None and prev.cycles else None)
     name = f"fs.avail_bytes:{sample.mount.mount_point}"
     return follow_trend(prev, lambda since: history.points(name, since), sample.usage.size_bytes, now, cfg)
-
-
-MAX_ERROR = 0.1  # relative ETA error beyond which an alert comes no earlier
 
 
 def level(trend: Trend | None, cfg: Forecast, active: Severity | None = None) -> tuple[Severity, float] | None:
     """(severity, threshold) the trend alerts at, or None. Hysteresis in time: an active alert clears
     only when the ETA moves 20 % past its limit."""
-    if trend is None or trend.eta is None or trend.points < cfg.min_samples:
+    if trend is None or trend.eta is None or trend.points < cfg.min_samples or trend.quiet:
         return None
     slack = 1.2 if active is not None else 1.0
     # The ETA's own error: alert a little early rather than a little late; where the fit knows its

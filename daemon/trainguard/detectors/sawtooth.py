@@ -3,15 +3,17 @@ learned from its cycles, and forecast as "the next low".
 
 Each cleanup seen is a `Cycle`: when it came, the free space just before it (its low) and what it
 freed. The cycles of the fit window are merged with those learned before (plain data the caller passes
-back in, kept for `MEMORY` seconds), so a saw-tooth whose period is a large part of the window still has
-enough cycles for its period, the scatter of its lows and their drift.
+back in, and the daemon keeps in its state database), kept for three of the longest periods (a day at
+least, a week at most), so a saw-tooth whose period is a large part of the window, or longer than it,
+still has enough cycles for its period, the scatter of its lows and their drift.
 
-What a GC that keeps coming means for the forecast:
+A rhythm is counted on only where it keeps the disk from filling (`keeps_up`: the rule, stated there and
+in docs/forecast.md). What a GC that keeps up means for the forecast:
 - the next cleanup is expected one period after the last (`next_in`); if it does not come, the disk is
   full after `latest / gross` (`eta_without`): both go into the alert text;
 - the lows hold (within their own scatter): the disk is never forecast full while the next cleanup is
-  still due, by its level (the disk is above the lowest low, less the scatter) or by its time (within
-  the longest period seen); a cleanup missed by both is counted on no more;
+  still due, by its level (the disk is above the lowest low, less the lows' scatter) or by its time (no
+  later than its periods scatter: `missed_after`); one missed by both is counted on no more;
 - the lows go down across cycles by more than their scatter explains: the saw-tooth is run forward and
   the ETA is the moment the low before some cleanup reaches zero; it warns only when that low is
   within the warning lead. Where the lows are near zero the ETA is not smooth: a low that ends up a
@@ -28,10 +30,14 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-MEMORY = 24 * 3600.0  # cycles are remembered this long (as long as a day of checkpoints or rotations)
+MEMORY = 24 * 3600.0  # cycles are remembered at least this long (a day of checkpoints or rotations) ...
+PERIODS_KEPT = 3  # ... and at least this many of their longest period ...
+MEMORY_MAX = 7 * 86400.0  # ... up to a week (a weekly cleanup is then known from its last two)
 MAX_CYCLES = 16
-LATE = 1.5  # a cleanup this many longest-periods late, with the disk below its lows, has stopped
+LATE = 0.1  # a cleanup later than its periods scatter, and this share of a period at least, with the disk
+# below its lows by their scatter, has stopped
 JITTER_OF_FREED = 0.3  # lows scatter at least this share of what a cleanup frees (its trigger jitters)
+NOISE_WIDTHS = 6.0  # a cleanup frees more than this many widths of the sample-to-sample jitter
 # Standard errors a low to come may fall short of its forecast: a warning is due at every one of the
 # few cycles that pass through the lead, each a new draw, and the scatter is learned from a few steps.
 LOW_ERRORS = 2.5
@@ -59,13 +65,63 @@ class NextLow:
 
 def merge(known: Sequence[Cycle], seen: Sequence[Cycle], now: float) -> tuple[Cycle, ...]:
     """The cycles to judge by: those the window shows, and those learned before the first of them (one
-    the window has just cut into is no longer seen whole, but was), at most MEMORY old and not later
-    than now (after a clock step back they are forgotten)."""
+    the window has just cut into is no longer seen whole, but was), kept for `memory` of them and not
+    later than now (after a clock step back they are forgotten)."""
     # A cleanup's time moves by up to a history bucket when its samples are averaged: 5 min apart is
     # another cleanup.
     cutoff = seen[0].ts - 300.0 if seen else now
-    older = [c for c in known if c.ts < cutoff and now - MEMORY <= c.ts <= now]
-    return tuple((older + list(seen))[-MAX_CYCLES:])
+    cycles = ([c for c in known if c.ts < cutoff and c.ts <= now] + list(seen))[-MAX_CYCLES:]
+    keep = memory(cycles)
+    return tuple(c for c in cycles if now - keep <= c.ts)
+
+
+def memory(cycles: Sequence[Cycle]) -> float:
+    """How long cycles are remembered: PERIODS_KEPT of the longest period, so that a restart or a few
+    unreadable samples between two daily cleanups do not forget the rhythm; a day at least, a week at most.
+    A single cycle is kept the week: the next one of a daily or weekly cleanup is to come."""
+    if len(cycles) < 2:
+        return MEMORY_MAX
+    longest = max(b.ts - a.ts for a, b in zip(cycles, cycles[1:]))
+    return min(max(MEMORY, PERIODS_KEPT * longest), MEMORY_MAX)
+
+
+def keeps_up(cycles: Sequence[Cycle], gross: float, size: float, largest_write: float, noise: float) -> bool:
+    """The rule a learned rhythm must pass before it may postpone a forecast, stated here only (and in
+    docs/forecast.md): the rhythm it implies keeps the disk from filling.
+    - every cleanup freed more than NOISE_WIDTHS of the samples' jitter: a dip of a few noise widths is noise;
+    - what they free covers what the writer fills (`gross` bytes/s) in their mean period, short by no more
+      than a low scatters anyway (`_allowance`): a "cleanup" smaller than the fill between two of them
+      leaves the disk to fill;
+    - the low has held: two cycles' lows within that allowance; more, no lower across them than twice
+      their scatter (their own around their line, and at least that allowance): no loss per period.
+    A rhythm that fails it may still make the forecast earlier, never later: detectors.trend then alerts
+    no later than the plain full-window fit would."""
+    if len(cycles) < 2 or gross <= 0 or min(c.freed for c in cycles) < NOISE_WIDTHS * noise:
+        return False
+    allowance = _allowance(cycles, size, largest_write)
+    every = (cycles[-1].ts - cycles[0].ts) / (len(cycles) - 1)
+    if gross * every - statistics.fmean(c.freed for c in cycles) > allowance:
+        return False
+    if len(cycles) == 2:
+        return cycles[1].low >= cycles[0].low - allowance
+    slope, spread = _drift(cycles)
+    return _loss(cycles, every, slope, _scatter(cycles, spread, size, largest_write)) == 0
+
+
+def _allowance(cycles: Sequence[Cycle], size: float, largest_write: float) -> float:
+    """What a low may be off by whatever the rhythm: a deletion-sized share of the disk, a checkpoint
+    written just before the cleanup, its trigger's jitter (a share of what it frees)."""
+    return max(size * 0.005, largest_write, JITTER_OF_FREED * statistics.median(c.freed for c in cycles))
+
+
+def missed_after(cycles: Sequence[Cycle]) -> float:
+    """When the next cleanup is later than the rhythm's periods scatter (three robust widths of them past
+    their median, or LATE of one where they hardly scatter): then its time has passed. Robust: a cleanup
+    seen only after a restart's downtime came "late" once without the rhythm being any looser."""
+    periods = [b.ts - a.ts for a, b in zip(cycles, cycles[1:])]
+    every = statistics.median(periods)
+    spread = 1.4826 * statistics.median(abs(p - every) for p in periods)
+    return cycles[-1].ts + every + max(3 * spread, LATE * every)
 
 
 def _drift(cycles: Sequence[Cycle]) -> tuple[float, float]:
@@ -76,8 +132,7 @@ def _drift(cycles: Sequence[Cycle]) -> tuple[float, float]:
 
 
 def _scatter(cycles: Sequence[Cycle], spread: float, size: float, largest_write: float) -> float:
-    freed = statistics.median(c.freed for c in cycles)
-    return max(size * 0.005, spread, largest_write, JITTER_OF_FREED * freed)
+    return max(_allowance(cycles, size, largest_write), spread)
 
 
 def _loss(cycles: Sequence[Cycle], every: float, slope: float, scatter: float) -> float:
@@ -111,21 +166,25 @@ def run_forward(avail: float, gross: float, loss: float, first_in: float, period
 def next_low(cycles: Sequence[Cycle], latest: float, gross: float, size: float, largest_write: float,
              now: float) -> NextLow:
     """The forecast of a saw-tooth with at least two cycles, filling at `gross` bytes/s between them."""
-    periods = [b.ts - a.ts for a, b in zip(cycles, cycles[1:])]
-    every, longest = statistics.median(periods), max(periods)
+    every = statistics.median(b.ts - a.ts for a, b in zip(cycles, cycles[1:]))
     frees = statistics.median(c.freed for c in cycles)
     slope, spread = _drift(cycles)
     scatter = _scatter(cycles, spread, size, largest_write)
     last = cycles[-1].ts
     next_in = max(last + every - now, 0.0)
     eta_without = latest / gross
-    floor = min(c.low for c in cycles) - scatter  # below this the level that brings a cleanup is passed
-    due_by = last + LATE * longest  # after this its time is passed
+    # Below the lowest low by more than the lows scatter (at least a deletion-sized share of the disk or a
+    # checkpoint; from two cycles, whose scatter says little, the allowance of a trigger's jitter), the
+    # level that brings a cleanup is passed; later than the latest one has come by more than the periods
+    # scatter, its time is.
+    margin = max(size * 0.005, largest_write, spread) if len(cycles) > 2 else _allowance(cycles, size, largest_write)
+    floor = min(c.low for c in cycles) - margin
     below = latest < floor
-    if below and (now >= due_by or now + eta_without < last + longest):
+    longest = max(b.ts - a.ts for a, b in zip(cycles, cycles[1:]))
+    if below and (now >= missed_after(cycles) or now + eta_without < last + longest):
         # Neither its level nor its time brought the cleanup (or the disk is full before even its
         # latest time): it may have stopped, so count on none.
-        return NextLow(eta_without, next_in, eta_without, every, frees, floor + scatter, stopped=True)
+        return NextLow(eta_without, next_in, eta_without, every, frees, min(c.low for c in cycles), stopped=True)
     loss = _loss(cycles, every, slope, scatter)
     if loss > 0:
         # Run forward at the pace the cycles balance to (what each frees, and what the lows lose, over

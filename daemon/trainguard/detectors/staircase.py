@@ -1,6 +1,6 @@
 """A checkpoint staircase forecast by its writes: the disk is full during the write that does not fit.
 
-The steps (detectors.trend.steps: when each write came and what it wrote, and the background rate
+The steps (detectors.steps.steps: when each write came and what it wrote, and the background rate
 between them) give the rhythm's mean size and period. Run forward, the disk is full during the first
 write that does not fit in what is left: its time, not where a line through the staircase reaches zero
 (up to one period later). The ETA states its relative standard error, from how much the sizes and the
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from trainguard.detectors.sawtooth import LOW_ERRORS
 
 MAX_STEP_ERROR = 0.1  # a checkpoint rhythm whose ETA is less certain than this is not one (bursts)
+STEP_SHARE = 0.5  # nor one whose writes make less than this share of the fill (noise on a steady writer)
 
 Points = Sequence[tuple[float, float]]
 
@@ -47,7 +48,7 @@ def _ongoing(pts: Points, found: Sequence) -> bool:
 
 
 def stepped_eta(pts: Points, found: Sequence, background: float, rate: float, now: float) -> Stepped | None:
-    """The forecast of a checkpoint rhythm (`found`: trend.Step, at least 3, none the window cuts into)
+    """The forecast of a checkpoint rhythm (`found`: steps.Step, at least 3, none the window cuts into)
     that explains the rate; None without such a rhythm."""
     # Means over the window, not medians: saves jitter in size and time around a steady pace, and the
     # mean of a few is the closer estimate of it (the median of five was 5 % off where the mean was 3 %).
@@ -56,7 +57,7 @@ def stepped_eta(pts: Points, found: Sequence, background: float, rate: float, no
     ongoing = _ongoing(pts, found)
     done = found[:-1] if ongoing and len(found) > 3 else found
     nbytes = statistics.fmean(s.nbytes for s in done)
-    if every <= 0 or abs(nbytes / every + background - rate) > 0.3 * rate:
+    if every <= 0 or abs(nbytes / every + background - rate) > 0.3 * rate or nbytes / every < STEP_SHARE * rate:
         return None
     write = statistics.median(s.end - s.start for s in done)
     if ongoing:  # what it has written so far: since the sample before it, less the background

@@ -17,23 +17,30 @@ Changes of regime:
 - drops (free space rising by a deletion-sized amount) are read by what they mean: one long enough ago
   is a change point; one recent drop means the writer's pace counts, with nothing assumed to be deleted
   again; repeated drops are a regime (a cron cleanup, a trainer keeping its last N checkpoints, a GC at
-  a high-water mark), forecast as its next low by detectors.sawtooth from the cycles learned so far.
+  a high-water mark), forecast as its next low by detectors.sawtooth from the cycles learned so far,
+  but counted on only where the rhythm keeps the disk from filling (sawtooth.keeps_up); otherwise the
+  alert comes no later than the plain line through the window, nor than the window alone says;
+- outliers are taken out first (detectors.despike), and a rise at the newest samples waits until it stays;
+- until the history covers a window the trend is `learning`, and a deletion in sight is not alerted on.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from trainguard.detectors import sawtooth, staircase
+from trainguard.detectors.despike import despiked
+from trainguard.detectors.steps import DROP_FRACTION, steps
 
 BUCKETS = 48  # points the window is reduced to; 48 -> ~1100 pairs, cheap in pure Python
 MIN_POINTS = 4
-DROP_FRACTION = 0.005  # a rise in free space of >= 0.5 % of the filesystem is a deletion, not noise
 CONSISTENT = 0.5  # halves of a regime whose rates differ by more than 2x are two regimes
 GAP = 900.0  # seconds without a sample: the daemon was down (or the clock jumped); nothing was seen
 NOISE_RATE = 1e-6  # fraction of the filesystem per second below which a rate is noise (~3.6 ‰/h)
+MAX_ERROR = 0.1  # relative ETA error beyond which an alert counts on no earlier ETA (forecast.level)
 
 Points = Sequence[tuple[float, float]]
 
@@ -54,6 +61,9 @@ class Trend:
     cleanup_missed: bool = False  # a saw-tooth whose cleanup passed both its level and its time
     eta_error: float = 0.0  # relative standard error of the ETA where it is known (checkpoint steps)
     eta_early: float | None = None  # earliest credible ETA: a saw-tooth's lows, a staircase's writes at their error
+    bounded: bool = False  # learned cleanups not known to keep up (sawtooth.keeps_up): no later than the plain fit
+    learning: bool = False  # the history covers less than a window yet
+    quiet: bool = False  # and shows a deletion whose rhythm is not known: shown, not alerted on
 
     def __post_init__(self) -> None:
         if not self.evidence:
@@ -66,70 +76,6 @@ class Drop:
     index: int  # its index in the points
     freed: float  # bytes the deletion gave back (a write: minus the bytes written)
     start: int = 0  # index of the sample just before the jump
-
-
-@dataclass(frozen=True, slots=True)
-class Step:
-    start: float  # time of the sample before the fall
-    end: float  # time of its last falling sample
-    nbytes: float
-
-
-def steps(points: Points, size: float, least: float = DROP_FRACTION) -> tuple[list[Step], float]:
-    """Checkpoint-sized falls of free space (beyond noise and the background rate, and at least `least`
-    of the filesystem), and that background rate in bytes/s (positive: filling)."""
-    if len(points) < 3:
-        return [], 0.0
-    diffs = [(points[i][1] - points[i - 1][1], points[i][0] - points[i - 1][0]) for i in range(1, len(points))]
-    base = statistics.median(d / max(dt, 1e-9) for d, dt in diffs)
-    spread = 1.4826 * statistics.median(abs(d - base * dt) for d, dt in diffs)
-    found: list[Step] = []
-    i = 0
-    while i < len(diffs):
-        if diffs[i][0] - base * diffs[i][1] < -4 * spread - 1.0:
-            j = i
-            # Hysteresis: a write starts beyond 4x the noise and goes on while it still falls past
-            # half of it, so jitter on top of a slower write does not split it in two.
-            while j + 1 < len(diffs) and diffs[j + 1][0] - base * diffs[j + 1][1] < -0.5 * spread - 1.0:
-                j += 1
-            first = i
-            while first > 0 and (not found or points[first - 1][0] >= found[-1].end) \
-                    and diffs[first - 1][0] - base * diffs[first - 1][1] < -0.5 * spread - 1.0:
-                first -= 1  # its first, slower samples
-            # One more sample each side: a write starts and ends between samples, and its partial
-            # first and last changes would otherwise be left to the background.
-            if first > 0 and (not found or points[first - 1][0] >= found[-1].end):
-                first -= 1
-            last = min(j + 2, len(points) - 1)
-            fell = points[first][1] - points[last][1]  # the background's share over a write is small
-            if fell >= max(size * least, 8 * spread):
-                found.append(Step(points[i][0], points[j + 1][0], fell))  # timed by its clear part
-            i = j + 1
-        else:
-            i += 1
-    found = _joined(points, found)
-    # The background: what fell outside the steps, over the span (the median of the per-sample changes
-    # leans toward the steps when they take several samples each).
-    span = points[-1][0] - points[0][0]
-    outside = points[0][1] - points[-1][1] - sum(s.nbytes for s in found)
-    return found, max(outside / span if span > 0 else -base, 0.0)
-
-
-def _joined(points: Points, found: list[Step]) -> list[Step]:
-    """Steps much closer together than the rhythm's interval are one write that noise cut in two."""
-    if len(found) < 3:
-        return found
-    every = statistics.median(b.start - a.start for a, b in zip(found, found[1:]))
-    value = dict(points)
-    out = [found[0]]
-    for step in found[1:]:
-        prev = out[-1]
-        if step.start - prev.end < 0.1 * every:
-            between = value.get(prev.end, 0.0) - value.get(step.start, 0.0)
-            out[-1] = Step(prev.start, step.end, prev.nbytes + max(between, 0.0) + step.nbytes)
-        else:
-            out.append(step)
-    return out
 
 
 def _bucketed(points: Points, start: float, end: float) -> list[tuple[float, float]]:
@@ -233,12 +179,27 @@ def jumps(points: Points, size: float, rising: bool) -> list[Drop]:
             while j + 1 < len(points) and sign * (points[j + 1][1] - points[j][1]) > 0:
                 j += 1
             moved = sign * (points[j][1] - points[i - 1][1])
-            if moved >= limit:
-                found.append(Drop(points[j][0], j, sign * moved, i - 1))
+            # A level that stays where the run took it (the median of three to five samples after it, of
+            # up to five before), not a run of noise or outliers that the next samples take back.
+            before = statistics.median(v for _, v in points[max(i - 5, 0):i])
+            after = [v for _, v in points[j:j + 5]]
+            if moved >= limit and len(after) >= 3 and sign * (statistics.median(after) - before) >= moved / 2:
+                # What it freed (a write: minus what it wrote) is what the run moved plus what the writer
+                # wrote meanwhile at the pace around it: a run of averaged history spans minutes, and
+                # cleanups seen short by them leave that much of the fill in the line between them.
+                took = points[j][0] - points[i - 1][0]
+                pace = _pace(points[max(i - 5, 0):i], points[j:j + 5])
+                found.append(Drop(points[j][0], j, points[j][1] - points[i - 1][1] + pace * took, i - 1))
             i = j + 1
         else:
             i += 1
     return found
+
+
+def _pace(*parts: Points) -> float:
+    """Bytes/s the free space falls between consecutive points of each part (the median: robust to noise)."""
+    rates = [(a[1] - b[1]) / (b[0] - a[0]) for part in parts for a, b in zip(part, part[1:]) if b[0] > a[0]]
+    return statistics.median(rates) if rates else 0.0
 
 
 def _without_drops(points: Points, drops: Sequence[Drop]) -> list[tuple[float, float]]:
@@ -267,16 +228,50 @@ def _burst(pts: Points, write: Drop) -> bool:
 
 
 def _cleanup_regime(pts: Points, cycles: Sequence[sawtooth.Cycle], gross: float, evidence: float, size: float,
-                    now: float) -> Trend:
+                    largest_write: float, now: float) -> Trend:
     # Checkpoint writes decide how far past its mark a GC triggers: lows anywhere within one checkpoint
     # below the mark are neither a decline nor a missed cleanup.
-    largest_write = max((s.nbytes for s in steps(pts, size)[0]), default=0.0)
     nxt = sawtooth.next_low(cycles, pts[-1][1], gross, size, largest_write, now)
     return Trend(slope=gross, span=pts[-1][0] - pts[0][0], points=len(pts), eta=nxt.eta,
                  cleanup_every=nxt.every, cleanup_frees=nxt.frees,
                  cleanup_low=nxt.low if nxt.eta is None else None, evidence=evidence, cycles=tuple(cycles),
                  next_cleanup_in=nxt.next_in, eta_without_cleanup=nxt.eta_without, cleanup_missed=nxt.stopped,
                  eta_error=nxt.error, eta_early=nxt.early)
+
+
+def _plain(pts: Points, cycles: tuple) -> Trend:
+    """The plain full-window fit: one robust line through the window as it is, no cleanup counted on;
+    its evidence is the window, from the last gap in it on."""
+    rate = consumption(pts) or 0.0
+    span = pts[-1][0] - pts[0][0]
+    gap = _seen_since(pts)
+    return Trend(slope=rate, span=span, points=len(pts), eta=pts[-1][1] / rate if rate > 0 else None,
+                 evidence=span if gap is None else max(pts[-1][0] - gap, 1.0), cycles=cycles)
+
+
+def _no_later(rhythm: Trend, plain: Trend) -> Trend:
+    """The trend of a rhythm that is not known to keep up (sawtooth.keeps_up): it alerts no later than the
+    plain one. It is the rhythm's own forecast only where that alerts whenever the plain one would (its
+    ETA as short, also where the alert counts on the earliest credible one, on as many samples, at least as
+    well backed by its evidence; forecast.level is monotone in each), else the plain one."""
+    mine, other = _alerted_eta(rhythm), _alerted_eta(plain)
+    if mine is not None and (other is None or (
+            mine <= other and rhythm.points >= plain.points and mine * plain.evidence <= other * rhythm.evidence)):
+        return dataclasses.replace(rhythm, bounded=True)
+    return dataclasses.replace(plain, bounded=True)
+
+
+def _alerted_eta(trend: Trend) -> float | None:
+    """The ETA forecast.level may alert on: the earliest credible one where its error is known well enough."""
+    if trend.eta is None or trend.eta_early is None or trend.eta_error > MAX_ERROR:
+        return trend.eta
+    return min(trend.eta, trend.eta_early)
+
+
+def _seen_since(pts: Points) -> float | None:
+    """The first time after the last gap in the points (GAP without a sample: the daemon was down, or
+    the clock jumped), None without one."""
+    return next((b[0] for a, b in zip(reversed(pts[:-1]), reversed(pts[1:])) if b[0] - a[0] > GAP), None)
 
 
 def _stepped(pts: Points, size: float, rate: float, now: float) -> staircase.Stepped | None:
@@ -294,11 +289,10 @@ def fill_trend(avail: Points, size: float, now: float, window: float, min_span: 
                known: Sequence[sawtooth.Cycle] = ()) -> Trend | None:
     """Trend of available bytes over the window; None until min_span of data exists. `known`: the
     cleanup cycles learned by earlier fits (Trend.cycles), for saw-tooths slower than the window shows."""
-    pts = [p for p in avail if now - window <= p[0] <= now]
+    pts = whole = _settled(despiked([p for p in avail if now - window <= p[0] <= now]), size)
     if len(pts) < MIN_POINTS or pts[-1][0] - pts[0][0] < min_span:
         return None
-    latest = pts[-1][1]
-    drops = jumps(pts, size, rising=True)
+    drops = seen = jumps(pts, size, rising=True)
     cycles = sawtooth.merge(known, [sawtooth.Cycle(d.ts, _low(pts, d), d.freed) for d in drops if d.start >= 3],
                             now)
     if len(drops) == 1 and len(cycles) < 2 and pts[-1][0] - drops[0].ts >= min_span:
@@ -312,22 +306,78 @@ def fill_trend(avail: Points, size: float, now: float, window: float, min_span: 
             # of the window it would tilt the whole fit; what happened after it is the trend. Not the
             # one write of a rhythm that happened to pass the deletion-sized mark.
             pts = pts[writes[0].index:]
-    span = pts[-1][0] - pts[0][0]
     fitted = regime(_without_drops(pts, drops) if drops else pts, size, min_span)
     if fitted is None:
         return None
     rate, evidence = fitted
     # A rate holds only over time that was watched: after a gap in the history (a restart) the
     # evidence starts again, whatever the fit across the gap says.
-    seen_since = next((b[0] for a, b in zip(reversed(pts[:-1]), reversed(pts[1:])) if b[0] - a[0] > GAP), None)
+    seen_since = _seen_since(pts)
     if seen_since is not None:
         evidence = max(min(evidence, pts[-1][0] - seen_since), 1.0)  # (0 would read as "all of the span")
+    trend, proven = _forecast(pts, whole, bool(drops), cycles, rate, evidence, size, now)
+    if trend.bounded and known:
+        # Cycles learned before the window, in a rhythm not known to keep up, may not delay the alert past
+        # what the window alone says either (a fit with nothing learned: its own cycles, or the plain line).
+        alone = fill_trend(avail, size, now, window, min_span)
+        if alone is not None:
+            trend = dataclasses.replace(_no_later(trend, alone), cycles=cycles)  # the learned ones go on
+    if whole[0][0] > now - window + GAP:
+        # Warm-up: the history covers less than a window. A fill with no deletion in sight is what it
+        # seems, from when it began (a download that started minutes after the daemon has held only
+        # since); with a deletion in sight it may be a churn not yet seen for one period: shown, not
+        # alerted on.
+        held = _held(pts, trend.slope, max(6 * _jitter(pts[-60:]), max(
+            (s.nbytes for s in steps(pts, size, least=0.0)[0]), default=0.0))) if trend.slope > 0 else trend.evidence
+        trend = dataclasses.replace(trend, learning=True, quiet=bool(seen) and not proven,
+                                    evidence=max(min(trend.evidence, held), 1.0))
+    return trend
+
+
+def _held(pts: Points, rate: float, tolerance: float) -> float:
+    """Seconds back from the newest point over which every point lies within `tolerance` of the line at
+    `rate` through the newest few: how long that rate has held."""
+    t_last = pts[-1][0]
+    anchor = statistics.median(v - rate * (t_last - t) for t, v in pts[-5:])
+    since = t_last
+    for t, v in reversed(pts):
+        if abs(v - anchor - rate * (t_last - t)) > tolerance:
+            break
+        since = t
+    return t_last - since
+
+
+def _settled(pts: Points, size: float) -> list[tuple[float, float]]:
+    """The points without a deletion-sized rise at their end that jumps() does not count yet (fewer than
+    three samples from its last rising one on: an outlier, or a deletion whose next samples are still to
+    come). Kept, its first samples would read as a disk with that much more room at the same pace."""
+    n = len(pts)
+    for j in (n - 1, n - 2):  # where a rising run may end unconfirmed
+        if j >= 1 and pts[j][1] > pts[j - 1][1] and (j == n - 1 or pts[j + 1][1] <= pts[j][1]):
+            i = j
+            while i > 1 and pts[i - 1][1] > pts[i - 2][1]:
+                i -= 1
+            # (a run of a few samples: a long one is a disk being drained, not one deletion)
+            if j - i < 6 and pts[j][1] - pts[i - 1][1] >= max(size * DROP_FRACTION, 1.0):
+                return list(pts[:i])
+            break
+    return list(pts)
+
+
+def _forecast(pts: Points, whole: Points, dropped: bool, cycles: tuple, rate: float, evidence: float, size: float,
+              now: float) -> tuple[Trend, bool]:
+    """(the trend at `rate`, whether it counts on a rhythm that keeps up: sawtooth.keeps_up)."""
+    span = pts[-1][0] - pts[0][0]
     if len(cycles) < 2 or rate <= 0:
         # No deletion, or one recent one: the writer's pace, without assuming someone deletes again.
-        stepped = _stepped(pts, size, rate, now) if rate > 0 and not drops else None
+        stepped = _stepped(pts, size, rate, now) if rate > 0 and not dropped else None
         if stepped is not None:
             return Trend(slope=rate, span=span, points=len(pts), eta=stepped.eta, evidence=evidence,
-                         cycles=cycles, eta_error=stepped.error, eta_early=stepped.early)
-        return Trend(slope=rate, span=span, points=len(pts), eta=None if rate <= 0 else latest / rate,
-                     evidence=evidence, cycles=cycles)
-    return _cleanup_regime(pts, cycles, rate, evidence, size, now)
+                         cycles=cycles, eta_error=stepped.error, eta_early=stepped.early), False
+        return Trend(slope=rate, span=span, points=len(pts), eta=None if rate <= 0 else pts[-1][1] / rate,
+                     evidence=evidence, cycles=cycles), False
+    largest_write = max((s.nbytes for s in steps(pts, size)[0]), default=0.0)
+    rhythm = _cleanup_regime(pts, cycles, rate, evidence, size, largest_write, now)
+    if sawtooth.keeps_up(cycles, rate, size, largest_write, _jitter(whole[-60:])):
+        return rhythm, True
+    return _no_later(rhythm, _plain(whole, cycles)), False

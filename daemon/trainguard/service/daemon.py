@@ -20,6 +20,7 @@ from trainguard.actions.guard_inbox import GuardInbox
 from trainguard.alerts.lifecycle import Lifecycle
 from trainguard.clock import Clock, SystemClock
 from trainguard.detectors import DetectorInput, evaluate
+from trainguard.detectors.follow import learned, seeded
 from trainguard.detectors.series import series_of
 from trainguard.notify import LogNotifier, Notifier
 from trainguard.notify.outbox import failed_attempts
@@ -35,6 +36,7 @@ from trainguard.service.wiring import (
     start_mirror,
 )
 from trainguard.sources.samplers import Samplers
+from trainguard.store.cycles import LearnedCycles
 from trainguard.store.heartbeat import Heartbeat
 from trainguard.store.history import History
 from trainguard.store.state import StateDb, choose_state_dir
@@ -83,7 +85,10 @@ class Daemon:
             self.notifiers = [LogNotifier()]
             configure_outbox(self.notifiers, cfg, self.db, self.clock, self.writes)
         self.latest: CycleResult | None = None
-        self.fits: dict = {}  # each mount's carried fill trend (detectors.follow.Fit), cycle to cycle
+        # Each mount's carried fill trend (detectors.follow.Fit), cycle to cycle; the cleanup rhythms it
+        # learned are in the state database too, so a restart starts from them.
+        self.learned_cycles = LearnedCycles(self.db.connect())
+        self.fits: dict = {mp: seeded(rows) for mp, rows in self.learned_cycles.load(now).items()}
         # Swapped as a whole each cycle: a scrape reads one consistent, immutable reference.
         self.readings: Readings | None = None
         self.metrics: MetricsServer | None = None
@@ -116,6 +121,8 @@ class Daemon:
         self.fits = {mp: f for mp, f in self.fits.items() if mp in watched}  # mounts that went away
         inp = DetectorInput(self.config, self.history, snapshot, now, self.lifecycle.active, fits=self.fits)
         findings = evaluate(inp)
+        for mp, fit in self.fits.items():
+            self.writes.attempt("cycles", self.learned_cycles.save, mp, learned(fit), now)
         problem = self.writes.problem()
         if problem is not None:
             findings.append(unwritable_finding(problem, self.state_dir, now))
@@ -224,7 +231,7 @@ class Daemon:
             return False
         old_listen = self.config.metrics.listen
         self.loaded = new
-        self.fits = {}  # fitted under the old [forecast]
+        self.fits = {mp: seeded(learned(f)) for mp, f in self.fits.items()}  # fitted under the old [forecast]
         cfg = new.config
         if cfg.metrics.listen != old_listen and (self.metrics is not None or old_listen):
             self.stop_metrics()
@@ -323,7 +330,7 @@ class Daemon:
             except Exception:
                 log.exception("closing notifier %s failed", type(notifier).__name__)
         # Closing the connections checkpoints the WAL: the db file is complete on its own.
-        for conn in (self.history.conn, self.lifecycle.conn, self.heartbeat.conn):
+        for conn in (self.history.conn, self.lifecycle.conn, self.heartbeat.conn, self.learned_cycles.conn):
             if conn is not None:
                 conn.close()
         self.sd.close()

@@ -45,7 +45,7 @@ def is_write_error(exc: BaseException) -> bool:
 class WriteProblem:
     since: float                 # wall time of the first failed write in this episode
     error: str                   # the last error, as SQLite says it
-    parts: tuple[str, ...]       # what could not be written: history, alerts, outbox, heartbeat, ...
+    parts: tuple[str, ...]       # what could not be written: history, alerts, outbox, heartbeat, cycles, ...
 
 
 class WriteHealth:

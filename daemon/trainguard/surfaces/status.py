@@ -16,12 +16,13 @@ from trainguard.actions.cleanup.record.audit import read_freed
 from trainguard.alerts import lifecycle as alerts
 from trainguard.clock import Clock, SystemClock
 from trainguard.detectors import DetectorInput, evaluate
+from trainguard.detectors.follow import seeded
 from trainguard.detectors.series import series_of
 from trainguard.diagnosis.stall import StallDiagnoser
 from trainguard.records import Finding, FsSample, GpuSample, Severity, Snapshot
 from trainguard.sources.diskstats import DiskstatsSampler
 from trainguard.sources.samplers import Samplers
-from trainguard.store import heartbeat, state
+from trainguard.store import cycles, heartbeat, state
 from trainguard.store.history import History
 from trainguard.units import format_iso_utc
 
@@ -98,6 +99,7 @@ def filesystem_doc(sample: FsSample, inp: DetectorInput, findings: Sequence[Find
         "await_ms": disk.await_ms if disk else None,
         "fill_bytes_per_s": round(trend.slope, 1) if trend else None,
         "eta_seconds": round(trend.eta) if trend and trend.eta is not None else None,
+        "forecast_learning": bool(trend and trend.learning),
         "state": _mount_state(sample, findings),
         "responsive": sample.responsive,
         "unresponsive_seconds": (round(max(inp.now, sample.ts) - sample.unresponsive_since, 1)
@@ -197,7 +199,9 @@ def build(cfg: configmod.Config, *, state_dir: str | None = None, clock: Clock |
     history.record(now, series_of(snapshot))
     active = {s.key: s.severity for s in alert_states}
     used = used_history(conn, now)
-    inp = DetectorInput(cfg, history, snapshot, now, active)
+    # The cleanup rhythms the daemon learned: the forecast here counts on them as the daemon's does.
+    fits = {mp: seeded(rows) for mp, rows in cycles.read(conn, now).items()} if conn is not None else {}
+    inp = DetectorInput(cfg, history, snapshot, now, active, fits=fits)
     findings = evaluate(inp)
     diagnoser = StallDiagnoser(cfg.general.proc_root, py_spy=cfg.gpu.py_spy, clock=clock.time)
     findings = diagnoser.enrich(findings, snapshot, now)  # waits at most the diagnosis deadline

@@ -73,9 +73,18 @@ def _mounts(doc: dict[str, Any], _: Gettext) -> list[str]:
         rows.append([
             fs["mountpoint"], fs["fstype"], fs["device"], format_bytes(fs["size_bytes"]), format_ratio(fs["used_ratio"]),
             sparkline(history) or "-", _range(history), format_ratio(fs["inodes_used_ratio"]),
-            format_ratio(fs["io_util_ratio"]), format_duration(fs["eta_seconds"]), state,
+            format_ratio(fs["io_util_ratio"]), _eta(fs, _), state,
         ])
     return [_table(rows)]
+
+
+def _eta(fs: dict[str, Any], _: Gettext) -> str:
+    """Time to full; while the history covers less than a forecast window, that the forecast is learning."""
+    if not fs.get("forecast_learning"):
+        return format_duration(fs["eta_seconds"])
+    if fs["eta_seconds"] is None:
+        return _("learning")
+    return _("{eta} (learning)").format(eta=format_duration(fs["eta_seconds"]))
 
 
 def _gpus(doc: dict[str, Any], _: Gettext) -> list[str]:
