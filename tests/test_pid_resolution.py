@@ -33,10 +33,18 @@ def _child_of(pid: int) -> int:
                 children = fh.read().split()
         except OSError:
             children = []
-        if children:
+        if children and _comm(int(children[0])) == "sleep":  # forked, and past its exec of sleep
             return int(children[0])
         time.sleep(0.01)
-    raise AssertionError("unshare did not start its child")
+    raise AssertionError("unshare did not start sleep in its namespace")
+
+
+def _comm(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/comm") as fh:
+            return fh.read().strip()
+    except OSError:
+        return None
 
 
 def _state(pid: int) -> str:

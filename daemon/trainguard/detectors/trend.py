@@ -336,7 +336,9 @@ def fill_trend(avail: Points, size: float, now: float, window: float, min_span: 
 
 def _held(pts: Points, rate: float, tolerance: float) -> float:
     """Seconds back from the newest point over which every point lies within `tolerance` of the line at
-    `rate` through the newest few: how long that rate has held."""
+    `rate` through the newest few: how long that rate has held. A noise-free series (whole blocks, a
+    steady writer) has a jitter of 0: a second's fill is the least tolerance, a stamp is no finer."""
+    tolerance = max(tolerance, abs(rate) * 1.0, 1.0)
     t_last = pts[-1][0]
     anchor = statistics.median(v - rate * (t_last - t) for t, v in pts[-5:])
     since = t_last
