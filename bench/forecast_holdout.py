@@ -48,7 +48,7 @@ from trainguard.store.history import History  # noqa: E402
 
 H = 3600.0
 CFG = Forecast()
-HOLD_OUT = 9_000_001  # 1000001-20 to 8000001-20 have been run: seen
+HOLD_OUT = 10_000_001  # 1000001-20 to 9000001-20 have been run: seen
 NAME = "fs.avail_bytes:/data"
 
 
