@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from trainguard.detectors import sawtooth
 from trainguard.detectors.steps import DROP_FRACTION, Step, steps
-from trainguard.detectors.trend import GAP, Points, Trend, fill_trend
+from trainguard.detectors.trend import GAP, Points, Trend, fill_trend, noise
 
 REFIT_EVERY = 600.0  # seconds a carried trend lives at most
 SETTLE = 60.0  # after news (a write, a deletion in progress), fit once more this much later
@@ -47,16 +47,6 @@ class Fit:
     background: float = 0.0
     line: float = 0.0  # bytes/s the free space falls between news: the trend's rate, or between steps
     checked_ts: float = float("-inf")  # the newest sample found on the line since the full fit
-
-
-def _noise(pts: Points) -> float:
-    """Spread of the sample-to-sample changes of the newest points, around their median change."""
-    tail = pts[-60:]
-    diffs = [b[1] - a[1] for a, b in zip(tail, tail[1:])]
-    if len(diffs) < 3:
-        return 0.0
-    mid = statistics.median(diffs)
-    return 1.4826 * statistics.median(abs(d - mid) for d in diffs)
 
 
 def _full(prev: Fit | None, pts: Points, size: float, now: float, cfg, news: bool) -> Fit:
@@ -92,7 +82,7 @@ def _full(prev: Fit | None, pts: Points, size: float, now: float, cfg, news: boo
             floor = min(c.low for c in cycles)
         refit += [s.end + cfg.window for s in found if s.end + cfg.window > now]
     tolerance = min(DROP_FRACTION * size / 2,
-                    max(NOISE_FACTOR * _noise(pts), ETA_SHARE * max(anchor, 0.0), 1.0))
+                    max(NOISE_FACTOR * noise(pts), ETA_SHARE * max(anchor, 0.0), 1.0))
     return Fit(trend, now, last_ts, anchor, size, tolerance, floor, min(refit), cycles, tuple(found), background,
                slope)
 

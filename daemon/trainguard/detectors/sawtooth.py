@@ -177,14 +177,15 @@ def next_low(cycles: Sequence[Cycle], latest: float, gross: float, size: float, 
     # checkpoint; from two cycles, whose scatter says little, the allowance of a trigger's jitter), the
     # level that brings a cleanup is passed; later than the latest one has come by more than the periods
     # scatter, its time is.
+    lowest = min(c.low for c in cycles)
     margin = max(size * 0.005, largest_write, spread) if len(cycles) > 2 else _allowance(cycles, size, largest_write)
-    floor = min(c.low for c in cycles) - margin
+    floor = lowest - margin
     below = latest < floor
     longest = max(b.ts - a.ts for a, b in zip(cycles, cycles[1:]))
     if below and (now >= missed_after(cycles) or now + eta_without < last + longest):
         # Neither its level nor its time brought the cleanup (or the disk is full before even its
         # latest time): it may have stopped, so count on none.
-        return NextLow(eta_without, next_in, eta_without, every, frees, min(c.low for c in cycles), stopped=True)
+        return NextLow(eta_without, next_in, eta_without, every, frees, lowest, stopped=True)
     loss = _loss(cycles, every, slope, scatter)
     if loss > 0:
         # Run forward at the pace the cycles balance to (what each frees, and what the lows lose, over
@@ -192,7 +193,7 @@ def next_low(cycles: Sequence[Cycle], latest: float, gross: float, size: float, 
         mean_every = (cycles[-1].ts - cycles[0].ts) / (len(cycles) - 1)
         gross = statistics.fmean(c.freed for c in cycles[1:]) / mean_every - slope
     eta = run_forward(latest, gross, loss, next_in, every) if loss > 0 else None
-    return NextLow(eta, next_in, eta_without, every, frees, min(c.low for c in cycles),
+    return NextLow(eta, next_in, eta_without, every, frees, lowest,
                    error=_eta_error(cycles, slope, loss, eta / every) if eta is not None else 0.0,
                    early=_earliest(cycles, slope, latest, gross, loss, next_in, every, eta))
 

@@ -37,6 +37,7 @@ from trainguard.detectors.steps import DROP_FRACTION, steps
 
 BUCKETS = 48  # points the window is reduced to; 48 -> ~1100 pairs, cheap in pure Python
 MIN_POINTS = 4
+RECENT = 60  # newest points the noise is judged on (10 min at the default interval)
 CONSISTENT = 0.5  # halves of a regime whose rates differ by more than 2x are two regimes
 GAP = 900.0  # seconds without a sample: the daemon was down (or the clock jumped); nothing was seen
 NOISE_RATE = 1e-6  # fraction of the filesystem per second below which a rate is noise (~3.6 ‰/h)
@@ -129,6 +130,11 @@ def regime(points: Points, size: float, min_span: float) -> tuple[float, float] 
                 and (rate - now_rate) * min_span > 4 * _jitter(tail) + NOISE_RATE * size * min_span:
             return now_rate, tail[-1][0] - tail[0][0]
     return rate, span
+
+
+def noise(points: Points) -> float:
+    """The measurement noise now: the jitter of the newest RECENT points."""
+    return _jitter(points[-RECENT:])
 
 
 def _jitter(points: Points) -> float:
@@ -327,7 +333,7 @@ def fill_trend(avail: Points, size: float, now: float, window: float, min_span: 
         # seems, from when it began (a download that started minutes after the daemon has held only
         # since); with a deletion in sight it may be a churn not yet seen for one period: shown, not
         # alerted on.
-        held = _held(pts, trend.slope, max(6 * _jitter(pts[-60:]), max(
+        held = _held(pts, trend.slope, max(6 * noise(pts), max(
             (s.nbytes for s in steps(pts, size, least=0.0)[0]), default=0.0))) if trend.slope > 0 else trend.evidence
         trend = dataclasses.replace(trend, learning=True, quiet=bool(seen) and not proven,
                                     evidence=max(min(trend.evidence, held), 1.0))
@@ -380,6 +386,6 @@ def _forecast(pts: Points, whole: Points, dropped: bool, cycles: tuple, rate: fl
                      evidence=evidence, cycles=cycles), False
     largest_write = max((s.nbytes for s in steps(pts, size)[0]), default=0.0)
     rhythm = _cleanup_regime(pts, cycles, rate, evidence, size, largest_write, now)
-    if sawtooth.keeps_up(cycles, rate, size, largest_write, _jitter(whole[-60:])):
+    if sawtooth.keeps_up(cycles, rate, size, largest_write, noise(whole)):
         return rhythm, True
     return _no_later(rhythm, _plain(whole, cycles)), False
