@@ -35,7 +35,8 @@ from trainguard.records import (  # noqa: E402
     Severity,
     Snapshot,
 )
-from trainguard.surfaces.exporter import MetricsServer, Readings  # noqa: E402
+from trainguard.surfaces.readings import Readings  # noqa: E402
+from trainguard.surfaces.server import MetricsServer  # noqa: E402
 
 
 def readings(mounts: int = 50, gpus: int = 8) -> Readings:

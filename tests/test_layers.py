@@ -104,3 +104,83 @@ def test_functions_stay_short():
                 long_ones.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {name} ({n} lines)")
     assert not long_ones, f"functions over {MAX_FUNCTION_LINES} lines (split them along a seam):\n" + "\n".join(long_ones)
     assert FUNCTION_SIZE_EXEMPT <= names, f"exempt functions that no longer exist: {FUNCTION_SIZE_EXEMPT - names}"
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node but those under `if TYPE_CHECKING:` (names for the type checker, never imported)."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            todo.extend(node.orelse)
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+
+
+def _module_edges() -> dict[str, set[str]]:
+    """Module -> the package modules it imports, at the top or inside a function (both are a dependency)."""
+    names = {name for _, name in _modules()}
+    edges: dict[str, set[str]] = {}
+    for path, name in _modules():
+        out = edges.setdefault(name, set())
+        for node in _runtime_nodes(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and not node.level and node.module and (
+                    node.module == "trainguard" or node.module.startswith("trainguard.")):
+                base = node.module.removeprefix("trainguard").lstrip(".")
+                for alias in node.names:  # `from trainguard.notify import texts_gpu` names a module
+                    sub = f"{base}.{alias.name}" if base else alias.name
+                    out.add(sub if sub in names else base)
+            elif isinstance(node, ast.Import):
+                out.update(a.name.removeprefix("trainguard.") for a in node.names if a.name.startswith("trainguard."))
+        out &= names
+        out.discard(name)
+    return edges
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circle():
+    """A module never depends on itself through others, not even by an import inside a function: each
+    room can be read, tested and replaced from its dependencies up."""
+    cycles = _cycles(_module_edges())
+    assert not cycles, "modules that import each other, directly or in a circle:\n" + "\n".join(
+        " <-> ".join(c) for c in cycles)
+
+
+def test_the_circle_check_sees_a_circle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []

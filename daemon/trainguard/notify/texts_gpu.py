@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from trainguard.i18n import N_, Gettext, tr
-from trainguard.notify.texts import Texts, plain, renders, short_path
+from trainguard.notify.renderers import Texts, plain, renders, short_path
 from trainguard.records import Finding
 from trainguard.redact import scrub
 from trainguard.units import format_bytes, format_duration, format_ratio

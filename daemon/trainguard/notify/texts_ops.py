@@ -5,7 +5,7 @@ did at save time (see notify/texts.py)."""
 from __future__ import annotations
 
 from trainguard.i18n import N_, Gettext
-from trainguard.notify.texts import Texts, renders, short_path
+from trainguard.notify.renderers import Texts, renders, short_path
 from trainguard.records import Finding
 from trainguard.units import format_bytes, format_duration, format_ratio
 

@@ -22,9 +22,8 @@ from trainguard import __version__
 from trainguard.records import Finding, Severity
 from trainguard.surfaces.gpu_metrics import gpu_families, gpu_stalls
 from trainguard.surfaces.readings import Readings
-from trainguard.surfaces.server import MetricsServer
 
-__all__ = ["MetricsServer", "Readings", "ReadingsCollector", "finding_counts", "gpu_stalls"]
+__all__ = ["Readings", "ReadingsCollector", "finding_counts", "gpu_stalls"]
 
 log = logging.getLogger(__name__)
 
