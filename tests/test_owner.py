@@ -9,6 +9,9 @@ job) must give nothing."""
 from __future__ import annotations
 
 import pwd
+import subprocess
+import sys
+import time
 
 import pytest
 from trainguard.sources import owner
@@ -298,3 +301,37 @@ def test_diagnose_screen_has_an_owner_line():
             f"pod_uid={POD_UID}, uid=1000]") in text
     assert "    归属：pod ml/train-7f（用户 alice）" in render(d, "zh")
     assert d.to_dict()["processes"][0]["owner"] == owner and d.owners() == [owner]
+
+
+def test_a_duplicated_variable_reads_as_the_process_itself_reads_it(tmp_path):
+    """A real process started with SLURM_JOB_ID twice in its environment (execve allows it): the daemon's
+    reading agrees with what getenv(3) returns inside that process, for both readers of /proc/PID/environ."""
+    from trainguard.sources.owner import read_environ
+    from trainguard.sources.procs import read_environ as read_named
+
+    seen = tmp_path / "getenv"
+    child_code = ("import ctypes, sys, time; libc = ctypes.CDLL(None); libc.getenv.restype = ctypes.c_char_p; "
+                  f"open({str(seen)!r}, 'wb').write(libc.getenv(b'SLURM_JOB_ID')); time.sleep(60)")
+    launcher = (
+        "import ctypes, sys\n"
+        "libc = ctypes.CDLL(None)\n"
+        "def array(items):\n"
+        "    out = (ctypes.c_char_p * (len(items) + 1))(*items, None)\n"
+        "    return out\n"
+        f"argv = array([sys.executable.encode(), b'-c', {child_code!r}.encode()])\n"
+        "envp = array([b'SLURM_JOB_ID=111', b'PATH=/usr/bin:/bin', b'SLURM_JOB_ID=222'])\n"
+        "libc.execve(sys.executable.encode(), argv, envp)\n"
+        "sys.exit('execve failed')\n")
+    child = subprocess.Popen([sys.executable, "-c", launcher])
+    try:
+        deadline = time.monotonic() + 30
+        while not (seen.exists() and seen.read_bytes()):
+            assert child.poll() is None and time.monotonic() < deadline, "the child did not start"
+            time.sleep(0.05)
+        truth = seen.read_text()
+        assert truth == "111"
+        assert read_environ("/proc", child.pid) == ({"SLURM_JOB_ID": truth}, True)
+        assert read_named("/proc", child.pid, ("SLURM_JOB_ID",)) == {"SLURM_JOB_ID": truth}
+    finally:
+        child.kill()
+        child.wait()

@@ -228,3 +228,17 @@ def test_a_cut_environment_names_nothing_the_whole_one_would_not(seen, data):
     whole = owner_of(f"0::{path}\n", "", env).to_dict()
     part = owner_of(f"0::{path}\n", "", cut_env, complete=False).to_dict()
     assert part.items() <= whole.items()
+
+
+@SETTINGS
+@given(entries=st.lists(st.tuples(st.sampled_from(ENV_KEYS[:4]) | st.from_regex(r"[A-Z_]{1,8}", fullmatch=True),
+                                  VALUES), max_size=12))
+def test_a_key_set_twice_reads_as_getenv_reads_it(entries):
+    """execve takes any list of entries; getenv(3) returns the first entry of a name, so that is the value
+    the process lives with (Python's os.environ, built by overwriting, would say the last one)."""
+    raw = b"".join(f"{k}={v}\0".encode() for k, v in entries)
+    first: dict[str, str] = {}
+    for key, value in entries:
+        first.setdefault(key, value)
+    wanted = {k: v for k, v in first.items() if k in ENV_KEYS}
+    assert parse_environ(raw) == wanted

@@ -221,15 +221,25 @@ def parse_environ(data: bytes | str, keys: Iterable[str] = ENV_KEYS) -> dict[str
     """Only the named keys of /proc/PID/environ text; everything else is dropped unread.
 
     The kernel ends every entry with a NUL: what follows the last one is an entry that the read limit
-    cut, and a cut value names someone else (pod "train-7f-5d9c8" read as "train-7f"), so it is dropped."""
+    cut, and a cut value names someone else (pod "train-7f-5d9c8" read as "train-7f"), so it is dropped.
+    A key set twice (execve takes any list) resolves as getenv(3) resolves it, to its first entry: the
+    value the process itself sees."""
     text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
     wanted = set(keys)
     found: dict[str, str] = {}
     for entry in text.split("\0")[:-1]:
         key, sep, value = entry.partition("=")
-        if sep and key in wanted:
+        if sep and key in wanted and key not in found:
             found[key] = value
     return found
+
+
+def read_environ(proc_root: str, pid: int, keys: Iterable[str] = ENV_KEYS) -> tuple[dict[str, str], bool]:
+    """(the named keys of the environment PID started with, whether the whole environment was read).
+
+    At most ENVIRON_LIMIT bytes are read: a huge environment costs a bounded read, never the daemon's memory."""
+    data = _read(f"{proc_root}/{pid}/environ", ENVIRON_LIMIT + 1) or b""
+    return parse_environ(data[:ENVIRON_LIMIT], keys), len(data) <= ENVIRON_LIMIT
 
 
 def _first(env: Mapping[str, str], keys: tuple[str, ...], pattern: re.Pattern[str]) -> str | None:
@@ -307,5 +317,4 @@ def _environ(proc_root: str, pid: int, cg: CgroupFacts) -> tuple[dict[str, str],
     """(the named keys, whether the whole environment was read), read only where it speaks."""
     if not _env_speaks(cg):
         return {}, True
-    data = _read(f"{proc_root}/{pid}/environ", ENVIRON_LIMIT + 1) or b""
-    return parse_environ(data[:ENVIRON_LIMIT]), len(data) <= ENVIRON_LIMIT
+    return read_environ(proc_root, pid)

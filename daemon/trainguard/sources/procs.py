@@ -16,6 +16,7 @@ from typing import Callable
 from trainguard.records import Mount
 from trainguard.sources.mounts import parse_mountinfo
 from trainguard.sources.owner import Owner, read_owner
+from trainguard.sources.owner import read_environ as _read_environ
 
 # Kernel wait channels that mean "waiting on a filesystem", even in S state: a write to a
 # hung FUSE mount sleeps interruptibly in request_wait_answer, NFS/SMB in rpc_/nfs_/cifs_.
@@ -267,14 +268,9 @@ def open_for_writing(flags: int | None) -> bool:
 
 
 def read_environ(proc_root: str, pid: int, names: tuple[str, ...]) -> dict[str, str]:
-    """The named variables from the environment the process started with (not later changes)."""
-    text = _read(f"{proc_root}/{pid}/environ") or ""
-    found = {}
-    for entry in text.split("\0"):
-        key, sep, value = entry.partition("=")
-        if sep and key in names:
-            found[key] = value
-    return found
+    """The named variables from the environment the process started with (not later changes), resolved
+    as getenv(3) does and bounded as the owner's are (sources/owner.py)."""
+    return _read_environ(proc_root, pid, names)[0]
 
 
 def mapped_files(proc_root: str, pid: int, wanted: Callable[[str], bool]) -> tuple[str, ...]:
