@@ -10,8 +10,8 @@ from trainguard import config as configmod
 from trainguard.detectors import DetectorInput, sawtooth
 from trainguard.detectors.follow import learned, seeded
 from trainguard.detectors.forecast import fill_trend, level
-from trainguard.records import FsSample
-from trainguard.store.cycles import LearnedCycles, read
+from trainguard.records import FsSample, FsUsage
+from trainguard.store.cycles import LearnedCycles, identity, read, read_learned, same_filesystem
 from trainguard.store.history import History
 from trainguard.surfaces.status_text import _eta
 
@@ -22,6 +22,10 @@ H = 3600.0
 DAY = 24 * H
 GB = 1e9
 CFG = configmod.parse({}, "test").forecast
+
+
+def snapshot_usage(fsid: int) -> FsUsage:
+    return FsUsage(100 * GB, 50 * GB, 50 * GB, 1000, 500, 500, fsid=fsid)
 
 
 def daily(n: int, start: float = 0.0) -> tuple[sawtooth.Cycle, ...]:
@@ -39,6 +43,24 @@ def test_cycles_round_trip_through_the_state_database(tmp_path):
     assert read(conn, DAY + H)["/data"] == rows[:2]  # after a clock step back, none from "the future"
     store.save("/data", rows[1:], 3 * DAY)  # the forecast forgot the oldest: so does the table
     assert read(conn, 3 * DAY)["/data"] == rows[1:]
+
+
+def test_cycles_an_older_version_saved_are_kept_and_taken_as_the_mounts_own(tmp_path):
+    """A state db from before the filesystem's identity was saved: its rows are read, and counted on for
+    whatever filesystem the mount shows (nothing tells them apart); the next save records the filesystem."""
+    conn = sqlite3.connect(tmp_path / "state.db", isolation_level=None)
+    conn.execute("CREATE TABLE forecast_cycles (mount TEXT NOT NULL, ts REAL NOT NULL, low REAL NOT NULL, "
+                 "freed REAL NOT NULL, PRIMARY KEY (mount, ts)) WITHOUT ROWID")
+    rows = learned(seeded([(c.ts, c.low, c.freed) for c in daily(2)]))
+    conn.executemany("INSERT INTO forecast_cycles VALUES ('/data', ?, ?, ?)", rows)
+    store = LearnedCycles(conn)
+    assert store.load(DAY + H) == {"/data": rows} and store.learned_on == {"/data": ""}
+    now_showing = FsSample(mount("/data"), DAY + H, snapshot_usage(fsid=0xABC))
+    assert same_filesystem(read_learned(conn, DAY + H), [now_showing]) == {"/data": rows}
+    store.save("/data", rows, DAY + H, identity(now_showing))
+    assert read_learned(conn, DAY + H)["/data"] == (identity(now_showing), rows)
+    other = FsSample(mount("/data"), DAY + H, snapshot_usage(fsid=0xDEF))
+    assert same_filesystem(read_learned(conn, DAY + H), [other]) == {}
 
 
 def test_an_unchanged_set_of_cycles_is_not_written_again(tmp_path):

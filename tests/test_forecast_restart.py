@@ -9,6 +9,7 @@ new one raises no forecast alert through the next cleanup and the day after it.
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 
 import pytest
@@ -20,6 +21,7 @@ from trainguard.store.state import read_only
 
 from tests.support.clock import FakeClock
 from tests.support.fake_daemon import Recorder
+from tests.support.mounts import root_reason
 
 pytestmark = pytest.mark.root
 
@@ -102,3 +104,56 @@ def test_a_daemon_restarted_mid_rhythm_raises_no_forecast_alert(tmp_path, tmpfs_
         assert forecast_events(second) == [], [e.finding.summary for e in forecast_events(second)]
     finally:
         daemon.close()
+
+
+def _attach_and_mount(image, mountpoint) -> str:
+    device = subprocess.run(["losetup", "--find", "--show", str(image)], check=True, capture_output=True,
+                            text=True).stdout.strip()
+    subprocess.run(["mount", "-t", "ext4", device, str(mountpoint)], check=True)
+    return device
+
+
+def _unmount_and_detach(mountpoint, device) -> None:
+    subprocess.run(["umount", str(mountpoint)], check=False)
+    subprocess.run(["losetup", "-d", device], check=False)
+
+
+def test_another_disk_mounted_at_the_same_path_does_not_inherit_the_rhythm(tmp_path):
+    """Two ext4 disks take turns at one mount point, in the same loop device slot where the kernel gives it
+    again (the same device number: only the filesystem's UUID tells them apart). The rhythm learned on the
+    first is not counted on for the second, whose lows it never saw: forgetting costs a warm-up, inheriting
+    would postpone the warning of a fill."""
+    if reason := root_reason(need_loop=True):
+        pytest.skip(reason)
+    images = []
+    for name in ("first.img", "second.img"):
+        images.append(tmp_path / name)
+        with open(images[-1], "wb") as fh:
+            fh.truncate(SIZE + 16 * MiB)  # ext4's own metadata and journal take some
+        subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", str(images[-1])], check=True)
+    mountpoint = tmp_path / "data"
+    mountpoint.mkdir()
+    t0 = (time.time() // DAY + 10) * DAY
+    clock = FakeClock(wall=t0 + 0.5 * H)
+    device = _attach_and_mount(images[0], mountpoint)
+    try:
+        daemon = start(tmp_path, mountpoint, clock, Recorder())
+        try:
+            run(daemon, DailyRhythm(mountpoint, clock), clock, t0 + 2 * DAY + 18 * H)
+            assert len(daemon.fits[str(mountpoint)].cycles) >= 2
+        finally:
+            daemon.close()
+        _unmount_and_detach(mountpoint, device)
+        device = _attach_and_mount(images[1], mountpoint)  # often the same loop device, so the same number
+        clock.advance(600)
+        daemon = start(tmp_path, mountpoint, clock, Recorder())
+        try:
+            daemon.cycle()
+            assert daemon.fits[str(mountpoint)].cycles == (), "the second disk inherited the first one's rhythm"
+        finally:
+            daemon.close()
+        conn = read_only(str(tmp_path / "state"))
+        assert read(conn, clock.time()).get(str(mountpoint), ()) == ()  # nor does the state db keep it
+        conn.close()
+    finally:
+        _unmount_and_detach(mountpoint, device)

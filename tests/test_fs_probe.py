@@ -268,6 +268,7 @@ def test_child_probe_reads_what_statvfs_reads(tmp_path):
     expected = usage_from_statvfs(st)
     assert result.error is None and result.missing == (absent,)
     assert (result.usage.size_bytes, result.usage.inodes_total) == (expected.size_bytes, expected.inodes_total)
+    assert result.usage.fsid == st.f_fsid != 0  # one filesystem named alike by both probes
     assert abs(result.usage.avail_bytes - expected.avail_bytes) < 16 * 2**20  # the host's disk is live
     gone = child_probe(shutil.which("stat"))(mount(str(tmp_path / "gone"), "nfs4", 8, MountKind.NETWORK), [])
     assert gone.usage is None and gone.error == "No such file or directory (errno 2)"

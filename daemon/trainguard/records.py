@@ -42,6 +42,9 @@ class FsUsage:
     inodes_total: int
     inodes_used: int
     inodes_free: int  # f_ffree, as df -i counts free inodes
+    # statvfs's f_fsid (from the UUID on ext4, btrfs, ...): with the device number, which filesystem this
+    # is, so another disk mounted at the same path is told apart. 0 where the filesystem gives none.
+    fsid: int = 0
 
     @property
     def used_ratio(self) -> float:

@@ -36,7 +36,7 @@ from trainguard.service.wiring import (
     start_mirror,
 )
 from trainguard.sources.samplers import Samplers
-from trainguard.store.cycles import LearnedCycles
+from trainguard.store.cycles import LearnedCycles, belongs, identity
 from trainguard.store.heartbeat import Heartbeat
 from trainguard.store.history import History
 from trainguard.store.state import StateDb, choose_state_dir
@@ -89,6 +89,7 @@ class Daemon:
         # learned are in the state database too, so a restart starts from them.
         self.learned_cycles = LearnedCycles(self.db.connect())
         self.fits: dict = {mp: seeded(rows) for mp, rows in self.learned_cycles.load(now).items()}
+        self.fit_fs = dict(self.learned_cycles.learned_on)  # mount -> the filesystem its trend was learned on
         # Swapped as a whole each cycle: a scrape reads one consistent, immutable reference.
         self.readings: Readings | None = None
         self.metrics: MetricsServer | None = None
@@ -117,12 +118,12 @@ class Daemon:
             self.mirror.submit(snapshot)
             snapshot = replace(snapshot, mirrors=self.mirror.states())
         self.writes.attempt("history", self.history.record, now, series_of(snapshot))
-        watched = {s.mount.mount_point for s in snapshot.filesystems}
-        self.fits = {mp: f for mp, f in self.fits.items() if mp in watched}  # mounts that went away
+        self._carry_fits(snapshot)
         inp = DetectorInput(self.config, self.history, snapshot, now, self.lifecycle.active, fits=self.fits)
         findings = evaluate(inp)
         for mp, fit in self.fits.items():
-            self.writes.attempt("cycles", self.learned_cycles.save, mp, learned(fit), now)
+            self.writes.attempt("cycles", self.learned_cycles.save, mp, learned(fit), now,
+                                self.fit_fs.get(mp, ""))
         problem = self.writes.problem()
         if problem is not None:
             findings.append(unwritable_finding(problem, self.state_dir, now))
@@ -150,6 +151,14 @@ class Daemon:
         if not self.one_shot:
             self.writes.attempt("heartbeat", self.heartbeat.beat, self.readings.ts, self.status_line())
         return self.latest
+
+    def _carry_fits(self, snapshot: Snapshot) -> None:
+        """Carry each mount's trend while it shows the filesystem the trend was learned on: a mount that went
+        away, or another disk mounted at the same path, starts with nothing learned."""
+        shown = {s.mount.mount_point: identity(s) for s in snapshot.filesystems}
+        self.fits = {mp: fit for mp, fit in self.fits.items()
+                     if mp in shown and belongs(self.fit_fs.get(mp, ""), shown[mp])}
+        self.fit_fs = {mp: fs or self.fit_fs.get(mp, "") for mp, fs in shown.items()}
 
     def _late_diagnoses(self, findings: Sequence[Finding], events: Sequence[AlertEvent], now: float) -> list[AlertEvent]:
         """A stall alert that went out before its diagnosis was in is sent again once the diagnosis is."""

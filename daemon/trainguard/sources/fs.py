@@ -44,15 +44,24 @@ from trainguard.sources.prober import Batch, MountProbe, ProbeFn, ProbeResult, R
 log = logging.getLogger(__name__)
 
 
-def usage_from_counts(frsize: int, blocks: int, bfree: int, bavail: int, files: int, ffree: int) -> FsUsage:
+def usage_from_counts(frsize: int, blocks: int, bfree: int, bavail: int, files: int, ffree: int,
+                      fsid: int = 0) -> FsUsage:
     """Bytes and inodes the way df computes them: used = total - free; avail is the non-root view;
     free inodes are f_ffree, as df -i counts them (statvfs and `stat -f` both give it)."""
     return FsUsage(size_bytes=blocks * frsize, used_bytes=(blocks - bfree) * frsize, avail_bytes=bavail * frsize,
-                   inodes_total=files, inodes_used=files - ffree, inodes_free=ffree)
+                   inodes_total=files, inodes_used=files - ffree, inodes_free=ffree, fsid=fsid)
 
 
 def usage_from_statvfs(st: os.statvfs_result) -> FsUsage:
-    return usage_from_counts(st.f_frsize or st.f_bsize, st.f_blocks, st.f_bfree, st.f_bavail, st.f_files, st.f_ffree)
+    return usage_from_counts(st.f_frsize or st.f_bsize, st.f_blocks, st.f_bfree, st.f_bavail, st.f_files, st.f_ffree,
+                             st.f_fsid)
+
+
+def fsid_of_stat(text: str) -> int:
+    """`stat -f -c %i` prints f_fsid's two words the other way round from Python's f_fsid: swap them, so
+    both probes name one filesystem alike."""
+    value = int(text, 16)
+    return (value & 0xFFFFFFFF) << 32 | value >> 32
 
 
 def _os_error(exc: OSError) -> str:
@@ -90,7 +99,7 @@ def _missing(path: str) -> bool:
 
 
 # frsize, blocks, bfree, bavail, files, ffree, then the name as given (may contain spaces).
-STAT_FORMAT = "%S %b %f %a %c %d %n"
+STAT_FORMAT = "%S %b %f %a %c %d %i %n"
 _ERRNO_OF_MESSAGE = {os.strerror(code): code for code in errno.errorcode}
 
 
@@ -153,13 +162,14 @@ def child_probe(stat: str, reach: Callable[[str], str] = _as_is, children: Child
             return ProbeResult(None, f"cannot run {stat}: {_os_error(exc)}", ())
         answered: dict[str, FsUsage] = {}
         for line in stdout.decode("utf-8", "surrogateescape").splitlines():
-            fields = line.split(" ", 6)
+            fields = line.split(" ", 7)
             try:
                 frsize, blocks, bfree, bavail, files, ffree = (int(x) for x in fields[:6])
-            except ValueError:
+                fsid = fsid_of_stat(fields[6])
+            except (ValueError, IndexError):
                 continue
-            answered[fields[6] if len(fields) > 6 else ""] = usage_from_counts(frsize, blocks, bfree, bavail,
-                                                                               files, ffree)
+            answered[fields[7] if len(fields) > 7 else ""] = usage_from_counts(frsize, blocks, bfree, bavail,
+                                                                               files, ffree, fsid)
         usage = answered.get(here)
         if usage is None:
             # "stat: cannot read file system information for '/x': Transport endpoint is not connected"

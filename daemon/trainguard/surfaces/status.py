@@ -200,7 +200,8 @@ def build(cfg: configmod.Config, *, state_dir: str | None = None, clock: Clock |
     active = {s.key: s.severity for s in alert_states}
     used = used_history(conn, now)
     # The cleanup rhythms the daemon learned: the forecast here counts on them as the daemon's does.
-    fits = {mp: seeded(rows) for mp, rows in cycles.read(conn, now).items()} if conn is not None else {}
+    learned = cycles.same_filesystem(cycles.read_learned(conn, now), snapshot.filesystems) if conn is not None else {}
+    fits = {mp: seeded(rows) for mp, rows in learned.items()}
     inp = DetectorInput(cfg, history, snapshot, now, active, fits=fits)
     findings = evaluate(inp)
     diagnoser = StallDiagnoser(cfg.general.proc_root, py_spy=cfg.gpu.py_spy, clock=clock.time)
