@@ -7,6 +7,8 @@ pages with one fault put in (a broken link, a broken anchor, an undocumented key
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shutil
 import unicodedata
@@ -20,6 +22,8 @@ from pydantic import BaseModel
 from trainguard import config
 from trainguard.cli import build_parser
 
+from tests.gpu_support import FAKE_DIR, GiB, gpu_spec
+from tests.support.cli import cli_env, trainguard
 from tests.test_i18n import finding_kinds_in_code
 
 REPO = Path(__file__).resolve().parents[1]
@@ -168,6 +172,32 @@ def test_the_readme_is_a_front_door(tmp_path):
     (tmp_path / "config.toml").write_text(example)
     loaded = config.load(str(tmp_path / "config.toml"), {}).config  # the example is a valid config
     assert [policy.name for policy in loaded.cleanup] == ["checkpoints"]
+
+
+def schema_tables(text: str) -> dict[str, set[str]]:
+    """The keys of each table of docs/status-json.md: the document's own (""), then each "Each `x[]` object"."""
+    def keys(part: str) -> set[str]:
+        rows = re.findall(r"^\| (`.*?) \|", part, re.MULTILINE)
+        return {key.removesuffix("[]") for row in rows for key in re.findall(r"`([^`]+)`", row)}
+    parts = re.split(r"^Each `(\w+)\[\]` object:$", text, flags=re.MULTILINE)
+    return {"": keys(parts[0])} | {name: keys(part) for name, part in zip(parts[1::2], parts[2::2])}
+
+
+def test_the_status_json_schema_documents_every_key(tmp_path):
+    """`status --json` with one GPU (NVML faked) and one mount: each key of the document, of a mount and of a
+    GPU is in docs/status-json.md, and the page names no key the document lacks."""
+    (tmp_path / "nvml.json").write_text(json.dumps({"gpus": [gpu_spec([{"at": 0, "mem_used": 40 * GiB}])]}))
+    (tmp_path / "c.toml").write_text(f'[filesystems]\nexclude = ["*"]\npaths = [{str(tmp_path)!r}]\n')
+    env = cli_env(TRAINGUARD_FAKE_NVML=str(tmp_path / "nvml.json"))
+    env["PYTHONPATH"] = f"{FAKE_DIR}{os.pathsep}{env['PYTHONPATH']}"
+    done = trainguard("status", "--json", "--config", str(tmp_path / "c.toml"), "--state-dir",
+                      str(tmp_path / "state"), env=env)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    documented = schema_tables((REPO / "docs" / "status-json.md").read_text())
+    assert documented[""] == set(doc)
+    assert documented["filesystems"] == set(doc["filesystems"][0])
+    assert documented["gpus"] == set(doc["gpus"][0])
 
 
 def test_the_docs_index_lists_every_page():
