@@ -200,6 +200,13 @@ def test_the_status_json_schema_documents_every_key(tmp_path):
     assert documented["gpus"] == set(doc["gpus"][0])
 
 
+def test_the_install_page_shows_the_readme_commands():
+    """docs/install.md repeats the two set-up commands (tests/test_setup.py keeps the README's equal to CI's)."""
+    blocks = [re.findall(r"```sh\n(.*?)\n```", (REPO / name).read_text(), re.DOTALL)[:2]
+              for name in ("README.md", "docs/install.md")]
+    assert blocks[0] == blocks[1] and len(blocks[0]) == 2
+
+
 def test_the_docs_index_lists_every_page():
     index = (REPO / "docs" / "README.md").read_text()
     listed = {(REPO / "docs" / target).resolve() for target in re.findall(r"\]\(([^)#]+)\)", index)}
