@@ -62,7 +62,8 @@ def anchors(text: str) -> set[str]:
 
 
 def broken_links(root: Path) -> list[str]:
-    problems = []
+    problems = [f"{page.relative_to(root)}: a code block is not closed" for page in pages(root)
+                if len(re.findall(r"^(?:```|~~~)", page.read_text(), re.MULTILINE)) % 2]
     for page in pages(root):
         text = INLINE_CODE.sub("", prose(page.read_text()))
         for match in LINK.finditer(text):
@@ -243,7 +244,9 @@ def test_a_broken_link_and_a_broken_anchor_are_found(pages_copy):
     _edit(pages_copy / "README.md", "(docs/cleanup.md)", "(docs/cleanups.md)")
     _edit(pages_copy / "docs" / "README.md", "(reference.md)", "(reference.md#no-such-heading)")
     _edit(pages_copy / "docs" / "reference.md", "(#configuration)", "(#configurations)")
+    _edit(pages_copy / "docs" / "cleanup.md", "\n```\n", "\n")
     assert broken_links(pages_copy) == [
+        "docs/cleanup.md: a code block is not closed",
         "README.md: docs/cleanups.md: no such file",
         "docs/README.md: reference.md#no-such-heading: no heading with that anchor",
         "docs/reference.md: #configurations: no heading with that anchor",
