@@ -1,4 +1,4 @@
-"""Global options given before the subcommand reach it (README: `trainguard --config PATH status`)."""
+"""Global options given before the subcommand reach it (docs/reference.md: `trainguard --config PATH status`)."""
 
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ RULE_TESTS = REPO / "deploy" / "prometheus" / "trainguard.rules.test.yml"
 DASHBOARD = REPO / "deploy" / "grafana" / "trainguard.json"
 DASHBOARD_SCHEMA = REPO / "deploy" / "grafana" / "dashboard.schema.json"
 ALERTMANAGER = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
-MAX_EXPOSURE = 3.5  # systemd-analyze security score; README records the current figure
+MAX_EXPOSURE = 3.5  # systemd-analyze security score; docs/service.md records the current figure
 
 
 def exported_names() -> set[str]:

@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     parsers["run"].add_argument("--log-file", metavar="PATH",
                                 help="log to this file instead of stderr, rotated at 10 MiB (3 old files kept); "
                                      "for containers without systemd")
-    parsers["status"].add_argument("--json", action="store_true", help="one JSON document (schema in README)")
+    parsers["status"].add_argument("--json", action="store_true", help="one JSON document (schema in docs/status-json.md)")
     parsers["status"].add_argument("--html", metavar="FILE", help="also write a self-contained page drawing "
                                    "each mount's use over 24 h, the forecast and the alerts")
     parsers["check-config"].add_argument("path", nargs="?", help="config file to check")

@@ -1,6 +1,6 @@
 """`trainguard status`: sample now, add the daemon's history if there is one, report.
 
-The JSON document is a stable interface (documented in the README); the table is
+The JSON document is a stable interface (documented in docs/status-json.md); the table is
 for people and may change.
 """
 
