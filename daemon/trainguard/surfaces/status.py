@@ -201,8 +201,8 @@ def build(cfg: configmod.Config, *, state_dir: str | None = None, clock: Clock |
     used = used_history(conn, now)
     # The cleanup rhythms the daemon learned: the forecast here counts on them as the daemon's does.
     learned = cycles.same_filesystem(cycles.read_learned(conn, now), snapshot.filesystems) if conn is not None else {}
-    findings = evaluate(DetectorInput(cfg, history, snapshot, now, active,
-                                      fits={mp: seeded(rows) for mp, rows in learned.items()}))
+    inp = DetectorInput(cfg, history, snapshot, now, active, fits={mp: seeded(rows) for mp, rows in learned.items()})
+    findings = evaluate(inp)
     diagnoser = StallDiagnoser(cfg.general.proc_root, py_spy=cfg.gpu.py_spy, clock=clock.time)
     findings = diagnoser.enrich(findings, snapshot, now)  # waits at most the diagnosis deadline
     diagnoser.close()  # a py-spy still running is not left behind
