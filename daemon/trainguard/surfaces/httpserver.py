@@ -18,12 +18,13 @@ The limits:
 - When the cap is reached and a new connection may come in, the longest-idle kept-alive connection is
   closed for it; its client reconnects (Go's HTTP client retries a request on a kept connection that the
   server closed while idle).
-- When the new connections fill their half and another waits in the listen queue, a new one that has had
-  YIELD_AFTER to send its request (TLS handshake included) and has not is closed for it: first one that
-  has sent nothing, else the oldest. A real client sends its request as soon as it connects; slow TLS
-  handshakes and silent connections cannot keep Prometheus' new connection waiting.
 - The kernel hands over a connection only once it has sent something (TCP_DEFER_ACCEPT, up to the head
-  deadline): a client that connects and says nothing waits in the kernel, costing no file descriptor.
+  deadline): a client that connects and says nothing waits in the kernel, costing no file descriptor, and
+  one handed over silent after that has had its time.
+- When the new connections fill their half and another waits in the listen queue, a new one is closed for
+  it: one handed over silent at once, else the oldest that has had YIELD_AFTER to send its request (TLS
+  handshake included) and has not. A real client sends its request as soon as it connects; slow TLS
+  handshakes and silent connections cannot keep Prometheus' new connection waiting.
 - A request's head must be complete within `head_deadline` of its first byte (of the accept, for a new
   connection: the TLS handshake counts), and its answer written within `request_deadline` of the same
   start, however slowly the client sends or reads. A kept-alive connection idle for `idle_timeout` is closed.
@@ -199,6 +200,7 @@ class HttpServer:
                 return
             self._room(time.monotonic(), make=True)
             sock.setblocking(False)
+            heard = _has_data(sock)
             if sock.family in (socket.AF_INET, socket.AF_INET6):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             context = self.access.context
@@ -209,6 +211,7 @@ class HttpServer:
                     sock.close()
                     continue
             conn = Connection(sock, peer, time.monotonic())
+            conn.heard = heard
             self._conns.add(conn)
             self._selector.register(sock, selectors.EVENT_READ, conn)
 
@@ -338,10 +341,20 @@ class HttpServer:
 
 
 def _yielding(new: list[Connection], now: float) -> Connection | None:
-    """The new connection to close for one waiting: past YIELD_AFTER without a request, silent ones first,
-    then the oldest; None when every one is younger or being answered."""
-    late = [c for c in new if not c.busy and now - c.accepted >= YIELD_AFTER]
+    """The new connection to close for one waiting: a silent one (the kernel held it for the deferral, see
+    the listener), else the oldest past YIELD_AFTER without a request; None when none may go."""
+    late = [c for c in new if not c.busy and (not c.heard or now - c.accepted >= YIELD_AFTER)]
     return min(late, key=lambda c: (c.heard, c.accepted), default=None)
+
+
+def _has_data(sock: socket.socket) -> bool:
+    try:
+        sock.recv(1, socket.MSG_PEEK)
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:
+        pass  # reset already: its read closes it
+    return True
 
 
 def _idle(conn: Connection) -> bool:
