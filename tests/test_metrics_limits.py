@@ -19,7 +19,15 @@ from trainguard.surfaces.httpserver import MAX_HEAD, HttpServer
 from trainguard.surfaces.pages import MAX_BODY
 
 from tests.support.daemon_proc import DaemonProcess
-from tests.support.flood import Attackers, RssWatch, Scraper, Streamers, WrongPasswords, basic, client_hello
+from tests.support.flood import (
+    Attackers,
+    RssWatch,
+    Scraper,
+    Streamers,
+    WrongPasswords,
+    basic,
+    client_hello,
+)
 from tests.support.tls import make_pki
 from tests.test_exporter import config as daemon_config
 from tests.test_exposition import families

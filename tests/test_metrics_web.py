@@ -21,7 +21,7 @@ from trainguard.surfaces.exposition import MetricsApp
 from trainguard.surfaces.httpserver import YIELD_AFTER, HttpServer
 
 from tests.support.daemon_proc import DaemonProcess
-from tests.support.tls import Pki, bcrypt_hash, make_pki, write_web_config
+from tests.support.tls import Pki, make_pki, write_web_config
 from tests.test_exposition import families
 
 

@@ -17,6 +17,8 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 def client_hello(context: ssl.SSLContext) -> bytes:
@@ -131,6 +133,7 @@ class WrongPasswords(threading.Thread):
         super().__init__(daemon=True)
         self.address, self.user, self.count, self.parallel, self.context = address, user, count, parallel, context
         self.statuses: list[int] = []
+        self.stopping = threading.Event()
         self._next = 0
         self._lock = threading.Lock()
 
@@ -144,7 +147,7 @@ class WrongPasswords(threading.Thread):
     def _work(self) -> None:
         while True:
             with self._lock:
-                if self._next >= self.count:
+                if self._next >= self.count or self.stopping.is_set():
                     return
                 self._next += 1
                 n = self._next
@@ -160,6 +163,26 @@ class WrongPasswords(threading.Thread):
                 self.statuses.append(0)
             finally:
                 conn.close()
+
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(35)
+
+
+@contextmanager
+def flooded(target: tuple[str, int], context: ssl.SSLContext, user: str) -> Iterator[list]:
+    """The whole flood on a TLS port with basic auth: 12 streaming clients, 300 silent ones, 20 TLS handshakes
+    dripped a byte a second, and 100 wrong passwords for `user`."""
+    floods = [Streamers(target, 12, context), Attackers(target, 300),
+              Attackers(target, 20, drip=1.0, payload=client_hello(context)), WrongPasswords(target, user, 100, context=context)]
+    for flood in floods:
+        flood.start()
+    try:
+        yield floods
+    finally:
+        for flood in floods:
+            flood.stop()
 
 
 class Scraper(threading.Thread):
