@@ -5,7 +5,6 @@ whose body's length is ambiguous. Real sockets on loopback; the heavy cases agai
 from __future__ import annotations
 
 import http.client
-import socket
 import ssl
 import threading
 import time
@@ -30,7 +29,7 @@ from tests.support.flood import (
 )
 from tests.support.tls import make_pki
 from tests.test_exporter import config as daemon_config
-from tests.test_exposition import families
+from tests.test_exposition import exchange, families
 
 MiB = 2**20
 
@@ -39,16 +38,6 @@ def serve(web_config=None, **limits) -> HttpServer:
     httpd = HttpServer("127.0.0.1", 0, MetricsApp(families, lambda: None), Access(web_config), **limits)
     httpd.start()
     return httpd
-
-
-def exchange(port: int, request: bytes) -> bytes:
-    """Send `request` raw and read the whole answer (the server closes after it)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-        sock.sendall(request)
-        answer = b""
-        while chunk := sock.recv(65536):
-            answer += chunk
-    return answer
 
 
 @pytest.mark.parametrize("headers, status", [

@@ -20,6 +20,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from bench._reference import rss_bytes
+
 
 def client_hello(context: ssl.SSLContext) -> bytes:
     """The first flight of a TLS handshake with `context`, as bytes to drip."""
@@ -230,14 +232,6 @@ class Scraper(threading.Thread):
     def stop(self) -> None:
         self.stopping.set()
         self.join(self.timeout + 5)
-
-
-def rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 class RssWatch(threading.Thread):
