@@ -112,7 +112,7 @@ def test_slow_tls_handshakes_and_silent_connections_leave_a_new_connection_serve
         drip = Attackers(target, 20, drip=1.0, payload=client_hello(context))
         run_while(scraper, 8, idle, drip)
     assert len(scraper.times) >= 7 and None not in scraper.times, shown(scraper)  # every scrape within 1 s
-    assert drip.dropped + idle.dropped > 0 or "TLS" in daemon.log, "the flood never reached the server"
+    assert drip.dropped > 0, "the dripped handshakes never reached the server"
 
 
 def test_wrong_passwords_cannot_evict_a_verified_one(tmp_path):
