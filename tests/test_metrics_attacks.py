@@ -7,11 +7,8 @@ accepts during the attack is gone within the head deadline (watched in /proc/PID
 
 from __future__ import annotations
 
-import errno
 import os
 import resource
-import selectors
-import socket
 import sys
 import threading
 import time
@@ -22,6 +19,7 @@ import pytest
 from trainguard.surfaces.httpserver import HEAD_DEADLINE
 
 from tests.support.daemon_proc import REPO, DaemonProcess, wait_until
+from tests.support.flood import Attackers
 from tests.support.prometheus import Prometheus, prometheus_binary
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
@@ -39,59 +37,6 @@ def raise_own_fd_limit(needed: int) -> None:
         pytest.skip(f"the attack needs {needed} open files; the hard limit here is {hard}")
     if soft != resource.RLIM_INFINITY and soft < needed:
         resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
-
-
-class Attackers(threading.Thread):
-    """`count` clients on (host, port). drip=None: they connect and say nothing; else each sends one byte
-    of an endless request head every `drip` seconds. A connection the server ends is opened again."""
-
-    def __init__(self, address: tuple[str, int], count: int, drip: float | None = None):
-        super().__init__(daemon=True)
-        self.address, self.count, self.drip = address, count, drip
-        self.selector = selectors.DefaultSelector()
-        self.stopping = threading.Event()
-        self.dropped = 0  # connections the server ended
-
-    def open(self) -> None:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setblocking(False)
-        err = sock.connect_ex(self.address)
-        if err not in (0, errno.EINPROGRESS):
-            sock.close()
-            return
-        self.selector.register(sock, selectors.EVENT_READ)
-
-    def run(self) -> None:
-        for _ in range(self.count):
-            self.open()
-        head = b"GET /metrics HTTP/1.1\r\nX-Padding: "
-        sent = 0
-        next_drip = time.monotonic()
-        while not self.stopping.is_set():
-            for key, _ in self.selector.select(0.05):
-                try:
-                    data = key.fileobj.recv(4096)
-                except (BlockingIOError, InterruptedError):
-                    continue
-                except OSError:
-                    data = b""
-                if not data:  # dropped by the server: come back at once
-                    self.dropped += 1
-                    self.selector.unregister(key.fileobj)
-                    key.fileobj.close()
-                    self.open()
-            if self.drip is not None and time.monotonic() >= next_drip:
-                next_drip += self.drip
-                byte = head[sent:sent + 1] if sent < len(head) else b"a"
-                sent += 1
-                for key in list(self.selector.get_map().values()):
-                    try:
-                        key.fileobj.send(byte)
-                    except OSError:
-                        pass  # not connected yet, or gone (the read side notices)
-        for key in list(self.selector.get_map().values()):
-            key.fileobj.close()
-        self.selector.close()
 
 
 class FdWatch(threading.Thread):

@@ -16,12 +16,12 @@ import pytest
 from trainguard import config
 from trainguard.config import ConfigError
 from trainguard.surfaces import pages
-from trainguard.surfaces.access import Access
+from trainguard.surfaces.access import Access, Verdict
 from trainguard.surfaces.exposition import MetricsApp
-from trainguard.surfaces.httpserver import HttpServer
+from trainguard.surfaces.httpserver import YIELD_AFTER, HttpServer
 
 from tests.support.daemon_proc import DaemonProcess
-from tests.support.tls import Pki, bcrypt_hash, make_pki, write_web_config
+from tests.support.tls import Pki, make_pki, write_web_config
 from tests.test_exposition import families
 
 
@@ -117,13 +117,13 @@ def test_a_right_password_costs_one_bcrypt_then_the_cache_answers(tmp_path, pki)
     (tmp_path / "web.yml").write_text(f"basic_auth_users:\n  prometheus: '{hashed}'\n")
     access = Access(config.read_web_config(str(tmp_path / "web.yml")))
     started = time.monotonic()
-    assert access.allows(auth("prometheus", "s3cret")["Authorization"])
+    assert access.check(auth("prometheus", "s3cret")["Authorization"]) is Verdict.ALLOWED
     one = time.monotonic() - started
-    assert not access.allows(auth("prometheus", "wrong")["Authorization"])
+    assert access.check(auth("prometheus", "wrong")["Authorization"]) is Verdict.REFUSED
     started = time.monotonic()
     for _ in range(20):
-        assert access.allows(auth("prometheus", "s3cret")["Authorization"])
-        assert not access.allows(auth("prometheus", "wrong")["Authorization"])
+        assert access.check(auth("prometheus", "s3cret")["Authorization"]) is Verdict.ALLOWED
+        assert access.check(auth("prometheus", "wrong")["Authorization"]) is Verdict.REFUSED
     assert time.monotonic() - started < one / 4  # 40 checks answered from the cache
 
 
@@ -183,28 +183,47 @@ def silent(port: int) -> socket.socket:
     return socket.create_connection(("127.0.0.1", port), timeout=5)
 
 
-def test_new_connections_wait_while_half_the_cap_is_new_and_a_kept_one_is_still_served():
-    httpd = serve(max_connections=4, head_deadline=1.0)
+def test_a_new_connection_that_has_not_sent_its_request_yields_to_a_waiting_one():
+    httpd = serve(max_connections=4, head_deadline=5.0)
     try:
         kept = http.client.HTTPConnection("127.0.0.1", httpd.port, timeout=5)
         kept.request("GET", "/metrics")
         kept.getresponse().read()
-        quiet = [silent(httpd.port), silent(httpd.port)]  # half of 4: new connections are full
-        time.sleep(0.1)
+        partial = [silent(httpd.port), silent(httpd.port)]  # half of 4: new connections are full
+        first = time.monotonic()  # the kernel hands each over once it has sent something: after this
+        for sock in partial:
+            sock.sendall(b"GET /metrics HTTP/1.1\r\n")
+            time.sleep(0.05)
         waiting = silent(httpd.port)
         waiting.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-        waiting.settimeout(0.3)
-        with pytest.raises(TimeoutError):  # in the listen queue: not accepted, not answered
-            waiting.recv(1)
-        for _ in range(5):  # the kept connection is answered at once meanwhile
-            started = time.monotonic()
+        for _ in range(3):  # the kept connection is answered at once meanwhile
             kept.request("GET", "/metrics")
-            assert kept.getresponse().read() and time.monotonic() - started < 0.2
-        waiting.settimeout(5)
-        assert waiting.recv(12) == b"HTTP/1.1 200"  # once the silent ones reach their deadline
-        for sock in (*quiet, waiting):
+            assert kept.getresponse().read()
+        assert waiting.recv(12) == b"HTTP/1.1 200"
+        took = time.monotonic() - first
+        assert YIELD_AFTER <= took < 2.5, took  # the oldest gave its place after YIELD_AFTER, not at its deadline
+        partial[0].settimeout(1)
+        assert partial[0].recv(1) == b""  # the oldest one
+        partial[1].setblocking(False)
+        with pytest.raises(BlockingIOError):  # the younger one is still open
+            partial[1].recv(1)
+        for sock in (*partial, waiting):
             sock.close()
         kept.close()
+    finally:
+        httpd.stop()
+
+
+def test_connections_that_say_nothing_take_no_slot():
+    httpd = serve(max_connections=2, head_deadline=5.0)
+    try:
+        quiet = [silent(httpd.port) for _ in range(20)]
+        time.sleep(0.2)
+        started = time.monotonic()
+        assert get(httpd).status == 200
+        assert time.monotonic() - started < 0.5  # not at a silent one's head deadline
+        for sock in quiet:
+            sock.close()
     finally:
         httpd.stop()
 

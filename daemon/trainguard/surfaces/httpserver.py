@@ -2,11 +2,13 @@
 number of connections, and deadlines on every request.
 
 One thread holds every connection that is not being answered, in an epoll selector: it accepts, runs TLS
-handshakes and reads request heads without blocking. A complete head goes to a worker thread (started on
-demand, at most one per connection), which answers it (surfaces/pages.py) and writes the answer within
-the request's deadline, then gives the connection back. So a client that connects and says nothing, or
-drips its request a byte at a time, costs a buffer and a slot, never a thread, and only until its
-deadline.
+handshakes and reads request heads without blocking, doing a bounded amount of work per connection per
+wake-up (one handshake step or one read of READ_SIZE), so no client, however fast it sends, keeps it from
+the others. A complete head goes to a worker thread (started on demand, at most one per connection), which
+answers it (surfaces/pages.py) and writes the answer within the request's deadline, then gives the
+connection back; nothing past that head is read before it is answered. So a client that connects and says
+nothing, drips its request a byte at a time, or streams without end, costs a buffer of at most MAX_HEAD +
+READ_SIZE and a slot, never a thread, and only until its deadline. A head over MAX_HEAD is answered 431.
 
 The limits:
 - At most `max_connections` open, and at most half of them new (no request answered yet). Beyond that,
@@ -16,6 +18,13 @@ The limits:
 - When the cap is reached and a new connection may come in, the longest-idle kept-alive connection is
   closed for it; its client reconnects (Go's HTTP client retries a request on a kept connection that the
   server closed while idle).
+- The kernel hands over a connection only once it has sent something (TCP_DEFER_ACCEPT, up to the head
+  deadline): a client that connects and says nothing waits in the kernel, costing no file descriptor, and
+  one handed over silent after that has had its time.
+- When the new connections fill their half and another waits in the listen queue, a new one is closed for
+  it: one handed over silent at once, else the oldest that has had YIELD_AFTER to send its request (TLS
+  handshake included) and has not. A real client sends its request as soon as it connects; slow TLS
+  handshakes and silent connections cannot keep Prometheus' new connection waiting.
 - A request's head must be complete within `head_deadline` of its first byte (of the accept, for a new
   connection: the TLS handshake counts), and its answer written within `request_deadline` of the same
   start, however slowly the client sends or reads. A kept-alive connection idle for `idle_timeout` is closed.
@@ -36,7 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from trainguard.surfaces.access import Access
-from trainguard.surfaces.pages import answer
+from trainguard.surfaces.pages import answer, refusal
 
 log = logging.getLogger(__name__)
 
@@ -44,18 +53,24 @@ HEAD_DEADLINE = 5.0
 REQUEST_DEADLINE = 30.0
 # Longer than any usual scrape interval, so Prometheus' connection lives from scrape to scrape.
 IDLE_TIMEOUT = 120.0
+# A loopback or LAN client completes its TLS handshake and request in a few ms; a WAN one in a few RTTs.
+YIELD_AFTER = 0.25
 MAX_HEAD = 32 * 1024  # request line and headers; Prometheus sends ~250 bytes
-BACKLOG = 64
+READ_SIZE = 16 * 1024  # one read per connection per wake-up: a TLS record's worth
+ACCEPTS = 16  # connections accepted per wake-up at most: the others' reads come between
+BACKLOG = 1024  # connections the kernel holds (deferred ones included) cost no file descriptor
 MAX_WORKERS = 1024  # the bound of metrics.max_connections; threads only start as connections need them
 _LISTENER, _WAKE = object(), object()
 
 
 class Connection:
-    __slots__ = ("sock", "peer", "buffer", "started", "last", "answered", "busy", "handshaking")
+    __slots__ = ("accepted", "answered", "buffer", "busy", "handshaking", "heard", "last", "peer", "sock", "started")
 
     def __init__(self, sock: socket.socket, peer: object, now: float):
         self.sock, self.peer = sock, peer
         self.buffer = b""
+        self.accepted = now
+        self.heard = False  # it has sent something (a byte of a handshake or a request)
         self.started: float | None = now  # when the request being read began; None between requests
         self.last = now  # when the last answer was written
         self.answered = 0
@@ -71,6 +86,7 @@ class HttpServer:
         self.listener = socket.socket(family, socket.SOCK_STREAM)
         try:
             self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self.listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, max(1, round(head_deadline)))
             self.listener.bind((sockaddr[0], port))
             self.listener.listen(BACKLOG)
         except OSError:
@@ -147,10 +163,20 @@ class HttpServer:
     def _can_accept(self) -> bool:
         if self._stopping or time.monotonic() < self._paused_until:
             return False
-        new = sum(1 for c in self._conns if not c.answered)
-        if new >= (self.max_connections + 1) // 2:
-            return False
-        return len(self._conns) < self.max_connections or any(map(_idle, self._conns))
+        return self._room(time.monotonic(), make=False)
+
+    def _room(self, now: float, make: bool) -> bool:
+        """Whether one more connection may come in; with `make`, close the one it takes the place of."""
+        new = [c for c in self._conns if not c.answered]
+        if len(new) >= (self.max_connections + 1) // 2:
+            victim = _yielding(new, now)
+        elif len(self._conns) < self.max_connections:
+            return True
+        else:
+            victim = min(filter(_idle, self._conns), key=lambda c: c.last, default=None)
+        if victim is not None and make:
+            self._close(victim)
+        return victim is not None
 
     def _listen(self, want: bool) -> None:
         if want and not self._listening:
@@ -160,7 +186,9 @@ class HttpServer:
         self._listening = want
 
     def _accept(self) -> None:
-        while self._can_accept():
+        for _ in range(ACCEPTS):
+            if not self._can_accept():
+                return
             try:
                 sock, peer = self.listener.accept()
             except (BlockingIOError, InterruptedError, ConnectionAbortedError):
@@ -170,9 +198,9 @@ class HttpServer:
                     log.warning("metrics port: cannot accept a connection: %s; trying again in a second", exc.strerror)
                     self._paused_until = time.monotonic() + 1.0
                 return
-            if len(self._conns) >= self.max_connections:
-                self._close(min(filter(_idle, self._conns), key=lambda c: c.last))
+            self._room(time.monotonic(), make=True)
             sock.setblocking(False)
+            heard = _has_data(sock)
             if sock.family in (socket.AF_INET, socket.AF_INET6):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             context = self.access.context
@@ -183,10 +211,13 @@ class HttpServer:
                     sock.close()
                     continue
             conn = Connection(sock, peer, time.monotonic())
+            conn.heard = heard
             self._conns.add(conn)
             self._selector.register(sock, selectors.EVENT_READ, conn)
 
     def _read(self, conn: Connection) -> None:
+        """Its socket is readable: one handshake step, or one read and a request handed over if complete."""
+        conn.heard = True
         if conn.handshaking:
             try:
                 conn.sock.do_handshake()  # type: ignore[attr-defined]
@@ -199,32 +230,41 @@ class HttpServer:
             if not self.access.peer_allowed(conn.sock):  # type: ignore[arg-type]
                 log.debug("client certificate of %s names none of client_allowed_sans", conn.peer)
                 return self._close(conn)
-        while True:
-            try:
-                data = conn.sock.recv(65536)
-            except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
-                break
-            except OSError:
-                return self._close(conn)
-            if not data:
-                return self._close(conn)
-            if conn.started is None:
-                conn.started = time.monotonic()
-            conn.buffer += data
-            if _head_end(conn.buffer) < 0 and len(conn.buffer) > MAX_HEAD:
-                return self._close(conn)
-        end = _head_end(conn.buffer)
+        try:
+            data = conn.sock.recv(READ_SIZE)
+        except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            return
+        except OSError:
+            return self._close(conn)
+        if not data:
+            return self._close(conn)
+        if conn.started is None:
+            conn.started = time.monotonic()
+        conn.buffer += data
+        self._dispatch(conn)
+
+    def _dispatch(self, conn: Connection) -> None:
+        """A complete head in its buffer goes to a worker; one over MAX_HEAD is refused (431)."""
+        end = _head_end(conn.buffer[:MAX_HEAD + 4])
+        if end < 0 and len(conn.buffer) <= MAX_HEAD:
+            return
+        head: bytes | None = None
         if end >= 0:
             head, conn.buffer = conn.buffer[:end], conn.buffer[end:]
-            conn.busy = True
-            self._selector.unregister(conn.sock)
-            self._workers.submit(self._answer, conn, head)
+        else:
+            conn.buffer = b""
+        conn.busy = True
+        self._selector.unregister(conn.sock)
+        self._workers.submit(self._answer, conn, head)
 
-    def _answer(self, conn: Connection, head: bytes) -> None:
-        """On a worker thread: answer one request and write it before its deadline."""
+    def _answer(self, conn: Connection, head: bytes | None) -> None:
+        """On a worker thread: answer one request (None: a head over MAX_HEAD) and write it before its deadline."""
         keep = False
         try:
-            response, keep = answer(head, self.app, self.access)
+            if head is None:
+                response = refusal("431 Request Header Fields Too Large", self.access)
+            else:
+                response, keep = answer(head, self.app, self.access)
             _send_all(conn.sock, response, (conn.started or time.monotonic()) + self.request_deadline)
         except OSError:  # the client went away, or did not read the answer in time
             keep = False
@@ -251,7 +291,7 @@ class HttpServer:
             conn.started = conn.last if conn.buffer else None  # a pipelined request has begun
             conn.sock.setblocking(False)
             self._selector.register(conn.sock, selectors.EVENT_READ, conn)
-            self._read(conn)  # what is already there: pipelined, or decrypted by TLS and held in its buffer
+            self._dispatch(conn)  # a pipelined request already read
 
     def _expire(self) -> None:
         now = time.monotonic()
@@ -264,7 +304,10 @@ class HttpServer:
         return conn.last + self.idle_timeout
 
     def _next_deadline(self) -> float | None:
+        now = time.monotonic()
         deadlines = [self._deadline(c) for c in self._conns if not c.busy]
+        # when a new connection may yield its place: the listener is watched again then
+        deadlines += [y for c in self._conns if not c.answered and (y := c.accepted + YIELD_AFTER) > now]
         if self._paused_until > time.monotonic():
             deadlines.append(self._paused_until)
         return min(deadlines, default=None)
@@ -295,6 +338,23 @@ class HttpServer:
         self.listener.close()
         os.close(self._wake_r)
         os.close(self._wake_w)
+
+
+def _yielding(new: list[Connection], now: float) -> Connection | None:
+    """The new connection to close for one waiting: a silent one (the kernel held it for the deferral, see
+    the listener), else the oldest past YIELD_AFTER without a request; None when none may go."""
+    late = [c for c in new if not c.busy and (not c.heard or now - c.accepted >= YIELD_AFTER)]
+    return min(late, key=lambda c: (c.heard, c.accepted), default=None)
+
+
+def _has_data(sock: socket.socket) -> bool:
+    try:
+        sock.recv(1, socket.MSG_PEEK)
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:
+        pass  # reset already: its read closes it
+    return True
 
 
 def _idle(conn: Connection) -> bool:

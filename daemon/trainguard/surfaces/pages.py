@@ -14,15 +14,20 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable, Iterable, Mapping
 from urllib.parse import unquote
 
-from trainguard.surfaces.access import Access
+from trainguard.surfaces.access import Access, Verdict
 
 log = logging.getLogger(__name__)
 Page = Callable[[], str]
 ERROR_BODY = b"internal error (see the trainguard log)\n"
+# No page reads a request body: one is left unread and the connection closed after the answer. A body
+# announced over this is refused before the app runs.
+MAX_BODY = 64 * 1024
+_LENGTH = re.compile(r"[0-9]{1,18}")
 
 
 def with_pages(app: Callable, pages: Mapping[str, Page]) -> Callable:
@@ -35,6 +40,14 @@ def with_pages(app: Callable, pages: Mapping[str, Page]) -> Callable:
                                   ("Cache-Control", "no-store")])
         return [body]
     return wsgi
+
+
+def refusal(status: str, access: Access) -> bytes:
+    """A whole answer that closes the connection, for a request the server refuses before parsing it."""
+    body = f"{status}\n".encode()
+    lines = [f"HTTP/1.1 {status}", *(f"{name}: {value}" for name, value in access.headers),
+             "Content-Type: text/plain; charset=utf-8", f"Content-Length: {len(body)}", "Connection: close"]
+    return "\r\n".join(lines).encode("latin-1") + b"\r\n\r\n" + body
 
 
 def answer(head: bytes, app: Callable, access: Access) -> tuple[bytes, bool]:
@@ -66,8 +79,18 @@ class Exchange(BaseHTTPRequestHandler):
             self.send_header(name, value)
 
     def answer(self) -> None:
-        if not self.access.allows(self.headers.get("Authorization")):
+        refused = self.framing()
+        if refused:
+            self.close_connection = True
+            self.reply(refused, [("Content-Type", "text/plain; charset=utf-8")], f"{refused}\n".encode())
+            return
+        verdict = self.access.check(self.headers.get("Authorization"))
+        if verdict is not Verdict.ALLOWED:
             self.close_connection = True  # only an authorised client keeps a connection (httpserver.py)
+            if verdict is Verdict.BUSY:  # too many password checks at once: not a wrong password
+                self.reply("503 Service Unavailable", [("Retry-After", "1"), ("Content-Type", "text/plain")],
+                           b"busy checking passwords, try again\n")
+                return
             self.reply("401 Unauthorized", [("WWW-Authenticate", "Basic"), ("Content-Type", "text/plain; charset=utf-8")],
                        b"Unauthorized\n")
             return
@@ -87,6 +110,18 @@ class Exchange(BaseHTTPRequestHandler):
             log.exception("%s %s failed", self.command, path)
             body, status, headers = ERROR_BODY, "500 Internal Server Error", [("Content-Type", "text/plain")]
         self.reply(status, headers, body)
+
+    def framing(self) -> str | None:
+        """The refusal of a request whose body's length is ambiguous (a request-smuggling vector) or over
+        MAX_BODY; None when it may be answered."""
+        lengths = self.headers.get_all("Content-Length") or []
+        if len(lengths) > 1 or (lengths and not _LENGTH.fullmatch(lengths[0].strip(" \t"))):
+            return "400 Bad Request"
+        if lengths and "Transfer-Encoding" in self.headers:
+            return "400 Bad Request"
+        if lengths and int(lengths[0]) > MAX_BODY:
+            return "413 Content Too Large"
+        return None
 
     def reply(self, status: str, headers: list, body: bytes) -> None:
         code, _, reason = status.partition(" ")
