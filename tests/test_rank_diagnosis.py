@@ -45,9 +45,14 @@ PY_SPY = shutil.which("py-spy")
 needs_py_spy = pytest.mark.skipif(PY_SPY is None, reason="py-spy is not installed (pip install '.[test]')")
 
 
-def _syscall_of_main(pid: int) -> str:
-    threads = procs.read_threads("/proc", pid)
-    return next((t.syscall for t in threads if t.tid == pid), "")
+def _main_thread(pid: int) -> procs.ThreadInfo | None:
+    return next((t for t in procs.read_threads("/proc", pid) if t.tid == pid), None)
+
+
+def _main_in(pid: int, syscall: str = "", wchan: str = "") -> bool:
+    """Is the main thread asleep in this syscall, or in a wait channel starting with this name?"""
+    t = _main_thread(pid)
+    return t is not None and t.state == "S" and (t.syscall == syscall if syscall else t.wchan.startswith(wchan))
 
 
 def _wait_for(predicate, what: str, timeout: float = 20.0) -> None:
@@ -77,7 +82,7 @@ def _go(ranks: list[subprocess.Popen], waiting: list[int]) -> None:
         child.stdin.write("go\n")
         child.stdin.flush()
     for r in waiting:
-        _wait_for(lambda pid=ranks[r].pid: _syscall_of_main(pid) == "read", f"rank {r} in all_reduce")
+        _wait_for(lambda pid=ranks[r].pid: _main_in(pid, syscall="read"), f"rank {r} in all_reduce")
 
 
 def _stop(ranks: list[subprocess.Popen]) -> None:
@@ -191,3 +196,62 @@ def test_a_late_diagnosis_goes_out_timed_out_and_is_sent_again(tmp_path):
         _stop(ranks)
     assert second.details["diagnosis_timed_out"] is False and second.details["verdict"] == "all_in_collective"
     assert diagnoser.take_updates() == {hang.key}
+
+
+GLOO_RANK = textwrap.dedent("""
+    import sys, torch, torch.distributed as dist
+    from torch.utils.data import DataLoader, Dataset
+    rank, world, port, path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    class Shard(Dataset):
+        def __len__(self):
+            return 100
+        def __getitem__(self, i):
+            if rank == 2 and i == 1:  # the second batch comes from the share
+                with open(path, "rb") as fh:
+                    return torch.frombuffer(bytearray(fh.read(16)), dtype=torch.float32)
+            return torch.zeros(4)
+    model = torch.nn.Linear(4, 1)
+    for step, x in enumerate(DataLoader(Shard(), batch_size=1)):
+        model(x).sum().backward()
+        if step == 1:
+            print("step", flush=True)
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+""")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@needs_py_spy
+def test_real_gloo_ranks_wait_in_all_reduce_for_the_rank_reading_the_share(slowfs, tmp_path):
+    pytest.importorskip("torch", reason="torch is not installed (the integration extra)")
+    path = slowfs.mountpoint / "x.bin"
+    path.write_bytes(b"\0" * 64)
+    slowfs.block("read")
+    script = tmp_path / "train_gloo.py"
+    script.write_text(GLOO_RANK)
+    port = _free_port()
+    ranks = [subprocess.Popen([sys.executable, str(script), str(r), "4", str(port), str(path)], stdout=subprocess.PIPE,
+                              text=True) for r in range(4)]
+    try:
+        slowfs.wait_blocked("read", timeout=120)
+        for r in (0, 1, 3):  # past step 1, then inside the next all_reduce (gloo waits on a futex)
+            assert ranks[r].stdout.readline() == "step\n"
+            _wait_for(lambda pid=ranks[r].pid: _main_in(pid, wchan="futex"), f"rank {r} in all_reduce")
+        d = _enriched(_hang(ranks)).details
+    finally:
+        slowfs.unblock("all")
+        _stop(ranks)
+    assert d["verdict"] == "rank_holds_collective", d
+    holder = d["holder"]
+    assert (holder["rank"], holder["pid"], holder["frame"]) == (2, ranks[2].pid, "DataLoader.__next__")
+    assert (holder["file"], holder["mount"]) == (str(path), str(slowfs.mountpoint))
+    assert d["collective"] == "all_reduce" and d["waiting_ranks"] == [0, 1, 3]
+    assert run_verdict_text(d, "en").startswith(f"rank 2 (PID {ranks[2].pid}) is in DataLoader.__next__")
