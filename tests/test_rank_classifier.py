@@ -3,6 +3,7 @@ FUSE share, tests/data/pyspy): which rank holds the others, with its frame, file
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from hypothesis import given
@@ -74,6 +75,19 @@ def test_the_odd_rank_out_holds_the_others():
     remedy = run_remedy_text(d, "en")
     assert SHARE in remedy and "NCCL_DEBUG=WARN" in remedy and "TORCH_NCCL_DUMP_ON_TIMEOUT=1" in remedy
     assert "TORCH_FR_DUMP_TEMP_FILE" in run_remedy_text(d, "zh") and "NCCL_DEBUG=WARN" in run_remedy_text(d, "zh")
+
+
+def test_a_data_loader_waiting_for_its_workers():
+    stacks = _recorded("dataloader_worker_wait.json", 300)
+    waits = RankSample(0, 300, _view(300), ThreadInfo(300, "python", "S", "do_sys_poll", "syscall 7"), stacks, stacks)
+    alone = run_diagnosis([waits], "py-spy")
+    assert alone["verdict"] == "dataloader_deadlock" and alone["blocked_rank"]["frame"] == "DataLoader.__next__"
+    assert "data-loader deadlock" in run_verdict_text(alone, "en")
+    assert "DataLoader 死锁" in run_verdict_text(alone, "zh")
+    held = run_diagnosis([_waiting(0, 100), dataclasses.replace(waits, rank=1), _waiting(2, 102)], "py-spy")
+    assert held["verdict"] == "rank_holds_collective" and held["holder"]["frame"] == "DataLoader.__next__"
+    for d in (alone, held):
+        assert "py-spy dump --pid on PID 300's children" in run_remedy_text(d, "en")
 
 
 def test_all_in_the_collective_names_no_rank():

@@ -255,3 +255,16 @@ def test_real_gloo_ranks_wait_in_all_reduce_for_the_rank_reading_the_share(slowf
     assert (holder["file"], holder["mount"]) == (str(path), str(slowfs.mountpoint))
     assert d["collective"] == "all_reduce" and d["waiting_ranks"] == [0, 1, 3]
     assert run_verdict_text(d, "en").startswith(f"rank 2 (PID {ranks[2].pid}) is in DataLoader.__next__")
+
+
+def test_a_py_spy_that_cannot_read_the_ranks_is_said(tmp_path):
+    ranks = _start_ranks(tmp_path, 2, -1, os.devnull)
+    try:
+        _go(ranks, [0, 1])
+        d = _enriched(_hang(ranks), py_spy_path="/bin/false").details  # exits 1, as py-spy denied ptrace does
+    finally:
+        _stop(ranks)
+    assert d["stacks"] == "failed" and "ptrace" in d["stacks_note"]
+    assert d["verdict"] == "unknown" and [r["kind"] for r in d["diagnosis"]] == ["unknown", "unknown"]
+    assert [r["wchan"] for r in d["diagnosis"]] != ["", ""]  # what /proc shows: where each main thread sleeps
+    assert "no ptrace rights" in run_verdict_text(d, "en") and "ptrace" in run_verdict_text(d, "zh")

@@ -32,6 +32,7 @@ from trainguard.sources.procs import ThreadInfo
 MAX_RANKS = 16  # ranks inspected per run (py-spy costs ~0.2 s each, twice): blocked ones first, then spread
 DUMP_INTERVAL_S = 2.0  # between the two dumps: a stack that did not move in this time is stuck
 DUMP_TIMEOUT_S = 3.0
+STACK_FRAMES = 8  # of the main thread's stack, innermost first, kept per rank
 
 # Frames of a collective: these names anywhere (outside threading.py, whose Barrier is not one) ...
 COLLECTIVE_NAMES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier", "all_to_all",
@@ -135,7 +136,7 @@ def rank_row(s: RankSample) -> dict[str, Any]:
                moved=None if first is None or second is None else first != second)
     loader = dataloader_frame(stack or ())
     row.update(frame=loader or (stack[0].name if stack else ""), at=stack[0].at() if stack else "",
-               dataloader=bool(loader))
+               dataloader=bool(loader), stack=[f.at() for f in (stack or ())[:STACK_FRAMES]])
     collective = collective_of(stack or ()) if not row["moved"] else ""
     if collective:
         return {**row, "kind": "collective", "collective": collective}
@@ -231,10 +232,10 @@ def pick(ranks: Sequence[tuple[int, int]], blocked: set[int], limit: int = MAX_R
     return sorted(chosen)
 
 
-def _main_thread(proc_root: str, pid: int) -> tuple[set[int], ThreadInfo | None]:
+def _threads(proc_root: str, pid: int) -> tuple[bool, ThreadInfo | None]:
+    """(whether a thread of the process is blocked on I/O, its main thread)."""
     threads = procs.read_threads(proc_root, pid)
-    blocked = {pid for t in threads if t.blocked}
-    return blocked, next((t for t in threads if t.tid == pid), None)
+    return any(t.blocked for t in threads), next((t for t in threads if t.tid == pid), None)
 
 
 @dataclass
@@ -263,15 +264,13 @@ class Gatherer:
 
     def gather(self, ranks: Sequence[tuple[int, int]], probes: Sequence[FsSample], now: float,
                deadline_at: float) -> dict[str, Any]:
-        blocked: set[int] = set()
-        for _, pid in ranks[:4 * MAX_RANKS]:
-            blocked |= _main_thread(self.proc_root, pid)[0]
+        blocked = {pid for _, pid in ranks[:4 * MAX_RANKS] if _threads(self.proc_root, pid)[0]}
         chosen = pick(ranks, blocked)
         have = self.py_spy and bool(self.py_spy_path or shutil.which("py-spy"))
         first = {pid: self._dump(pid, deadline_at) for _, pid in chosen} if have else {}
         if have:
             self.sleep(max(0.0, min(self.interval, (deadline_at - self.monotonic()) / 3)))
-        views = {pid: (self._view(pid, probes, now), _main_thread(self.proc_root, pid)[1]) for _, pid in chosen}
+        views = {pid: (self._view(pid, probes, now), _threads(self.proc_root, pid)[1]) for _, pid in chosen}
         second = {pid: self._dump(pid, deadline_at) for _, pid in chosen} if have else {}
         samples = [RankSample(rank, pid, *views[pid], first.get(pid), second.get(pid)) for rank, pid in chosen]
         read = any(v is not None for v in second.values())

@@ -246,7 +246,7 @@ def run_remedy_text(details: Facts, lang: str) -> str:
                   "read or write returns").format(mount=r["mount"], file=r["file"])
     elif r.get("file"):
         first = _("check the disk under {file} (iostat -x)").format(file=r["file"])
-    elif verdict == "dataloader_deadlock":
+    elif r.get("dataloader"):
         first = _("dump its data-loader workers (py-spy dump --pid on PID {pid}'s children); num_workers=0 "
                   "confirms a worker deadlock").format(pid=r["pid"])
     elif r:
