@@ -108,6 +108,18 @@ def test_a_gone_rank_holds_the_others():
     d = run_diagnosis([_waiting(0, 100), RankSample(1, 101, None, None, None, None), _waiting(2, 102)], "py-spy")
     assert d["verdict"] == "rank_holds_collective" and d["holder"]["kind"] == "gone"
     assert run_verdict_text(d, "en").startswith("rank 1 (PID 101) has exited; ranks 0, 2 wait in all_reduce")
+    assert "dmesg" in run_remedy_text(d, "en")
+    zombie = RankSample(1, 101, _view(101), ThreadInfo(101, "python", "Z", ""), None, None)
+    assert run_diagnosis([_waiting(0, 100), zombie], "py-spy")["holder"]["kind"] == "gone"
+
+
+def test_the_most_common_collective_is_named_and_a_tie_goes_to_the_lowest_rank():
+    samples = [_waiting(r, 100 + r) for r in range(5)]
+    for r in (0, 3):  # barrier: ranks 0 and 3; all_reduce: ranks 1, 2 (a tie), then 4 breaks it
+        barrier = {100 + r: (Frame("barrier", "torch/distributed/distributed_c10d.py", 4100),)}
+        samples[r] = RankSample(r, 100 + r, samples[r].view, samples[r].main, barrier, barrier)
+    assert run_diagnosis(samples, "py-spy")["collective"] == "all_reduce"
+    assert run_diagnosis(samples[:4], "py-spy")["collective"] == "barrier"
 
 
 def test_without_stacks_proc_names_the_blocked_rank_and_says_why():

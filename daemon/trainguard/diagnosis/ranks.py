@@ -10,6 +10,7 @@ stall diagnoser's worker (diagnosis.stall); the rest is pure.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import shutil
 import time
@@ -125,8 +126,8 @@ def rank_row(s: RankSample) -> dict[str, Any]:
     """One rank's facts: state, frame, file, mount, whether its stack moved, and its kind:
     collective / io / other / unknown (no stacks and nothing blocked) / gone."""
     row: dict[str, Any] = {"rank": s.rank, "pid": s.pid}
-    if s.view is None or not s.view.resolved:
-        return {**row, "kind": "gone", "state": "", "frame": "", "moved": None}
+    if s.view is None or not s.view.resolved or (s.main is not None and s.main.state in ("Z", "X")):
+        return {**row, "kind": "gone", "state": s.main.state if s.main else "", "frame": "", "moved": None}
     first, second = main_stack(s.pid, s.first), main_stack(s.pid, s.second)
     stack = second if second is not None else first
     file, mount, syscall = _blocked_file(s)
@@ -176,7 +177,7 @@ def run_diagnosis(samples: Sequence[RankSample], stacks: str, total: int | None 
         "verdict": verdict, "diagnosis": rows, "stacks": stacks,
         "holder": _holder(named) if verdict == "rank_holds_collective" else None,
         "blocked_rank": _holder(named) if named is not None and verdict != "rank_holds_collective" else None,
-        "collective": max(set(collectives), key=collectives.count) if collectives else "",
+        "collective": collections.Counter(collectives).most_common(1)[0][0] if collectives else "",
         "waiting_ranks": [r["rank"] for r in waiting],
         "ranks_total": max(total or 0, len(rows))}
     if stacks != "py-spy":
