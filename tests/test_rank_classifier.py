@@ -18,6 +18,7 @@ from trainguard.diagnosis.ranks import (
     pick,
     rank_pids,
     run_diagnosis,
+    still_threads,
     verdict_of,
 )
 from trainguard.diagnosis.words import run_remedy_text, run_verdict_text
@@ -131,6 +132,14 @@ def test_without_stacks_proc_names_the_blocked_rank_and_says_why():
     assert d["stacks_note"].startswith("py-spy is not installed")
     assert [r["kind"] for r in d["diagnosis"]] == ["unknown", "io", "unknown"]
     assert "py-spy is not installed" in run_verdict_text(d, "en")
+
+
+def test_the_other_threads_that_did_not_move_are_kept():
+    a, b, c = (Frame(n, "x.py", 1) for n in "abc")
+    first = {1: (a,), 2: (b,), 3: (c, a), 4: ()}
+    second = {1: (a,), 2: (c,), 3: (c, a), 4: (), 5: (a,)}
+    assert still_threads(1, first, second) == [{"tid": 3, "stack": ["c (x.py:1)", "a (x.py:1)"]}]
+    assert still_threads(1, None, second) == []
 
 
 def test_rank_pids_leaves_bad_entries_out():

@@ -137,6 +137,8 @@ def test_the_rank_blocked_on_the_share_holds_the_others(held_by_rank_2):
     assert d["collective"] == "all_reduce" and d["waiting_ranks"] == [0, 1, 3]
     assert [r["moved"] for r in d["diagnosis"]] == [False] * 4 and d["stacks"] == "py-spy"
     assert d["diagnosis_timed_out"] is False and "stacks_note" not in d
+    stack = d["diagnosis"][0]["stack"]
+    assert stack[0] == "all_reduce (c10d_standin.py:4)" and stack[1].startswith("train_step (train.py:")
     assert out.summary.startswith("run job-7 stopped making progress — rank 2 (PID ")
     assert f"reading {path} (mount {fs.mountpoint})" in out.summary
     assert out.summary.endswith("; ranks 0, 1, 3 wait in all_reduce")

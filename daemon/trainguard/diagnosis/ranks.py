@@ -108,6 +108,15 @@ def main_stack(pid: int, stacks: Mapping[int, Stack] | None) -> Stack | None:
     return stacks.get(pid, next(iter(stacks.values())))
 
 
+def still_threads(pid: int, first: Mapping[int, Stack] | None, second: Mapping[int, Stack] | None,
+                  limit: int = 8) -> list[dict[str, Any]]:
+    """The other threads whose stacks did not move between the dumps, each with the top of its stack."""
+    if not first or not second:
+        return []
+    same = [tid for tid, stack in second.items() if tid != pid and stack and first.get(tid) == stack]
+    return [{"tid": tid, "stack": [f.at() for f in second[tid][:4]]} for tid in sorted(same)[:limit]]
+
+
 def _blocked_file(s: RankSample) -> tuple[str | None, str | None, str]:
     """(file, mount, syscall) a blocked thread waits on: the main thread's first, else any thread's."""
     if s.view is None:
@@ -137,7 +146,8 @@ def rank_row(s: RankSample) -> dict[str, Any]:
                moved=None if first is None or second is None else first != second)
     loader = dataloader_frame(stack or ())
     row.update(frame=loader or (stack[0].name if stack else ""), at=stack[0].at() if stack else "",
-               dataloader=bool(loader), stack=[f.at() for f in (stack or ())[:STACK_FRAMES]])
+               dataloader=bool(loader), stack=[f.at() for f in (stack or ())[:STACK_FRAMES]],
+               still=still_threads(s.pid, s.first, s.second))
     collective = collective_of(stack or ()) if not row["moved"] else ""
     if collective:
         return {**row, "kind": "collective", "collective": collective}
