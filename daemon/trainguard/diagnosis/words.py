@@ -256,4 +256,4 @@ def run_remedy_text(details: Facts, lang: str) -> str:
         first = _("check the job's ranks on the other hosts and the network between them")
     else:
         first = _("dump each rank's stack (py-spy dump --pid PID)")
-    return f"{first}; {_(NCCL_STEP)}"
+    return _("{first}; {nccl}").format(first=first, nccl=_(NCCL_STEP))
