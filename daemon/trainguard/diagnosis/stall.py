@@ -14,8 +14,9 @@ import collections
 import dataclasses
 import threading
 import time
-from typing import Callable, NamedTuple, Sequence
+from typing import Any, Callable, Hashable, NamedTuple, Sequence
 
+from trainguard.detectors.progress import HANG_PREFIX
 from trainguard.diagnosis import attribution
 from trainguard.diagnosis.attribution import DeviceFiles
 from trainguard.diagnosis.model import (
@@ -26,6 +27,7 @@ from trainguard.diagnosis.model import (
     file_category,
 )
 from trainguard.diagnosis.placement import GpuProcessRef, risky_writes
+from trainguard.diagnosis.ranks import Gatherer, rank_pids, with_run_diagnosis
 from trainguard.diagnosis.render import render
 from trainguard.diagnosis.threads import (
     parse_py_spy_dump,
@@ -48,6 +50,7 @@ DEADLINE_S = 5.0  # the longest a stall alert (or `trainguard diagnose`) waits f
 BUDGET_S = 10.0  # the time a diagnosis job gives py-spy and the I/O probe; past DEADLINE_S it runs on alone
 PY_SPY_TIMEOUT_S = 5.0
 IO_PROBE_S = 1.0  # two I/O readings this far apart when there is no earlier one
+RUN_BUDGET_S = 20.0  # a run's diagnosis: two py-spy dumps of up to 16 ranks, some seconds apart
 
 
 class Target(NamedTuple):
@@ -87,6 +90,8 @@ class StallDiagnoser:
         self.monotonic = monotonic
         self.worker = BoundedWorker(monotonic=monotonic)
         self.children = Children()
+        self.gatherer = Gatherer(proc_root, py_spy, py_spy_path, self.children, monotonic=monotonic)
+        self._runs: dict[str, tuple[float, dict]] = {}  # train.hang key -> (asked at, the run's diagnosis)
         self._io: dict[int, collections.deque[tuple[float, IoCounters]]] = {}
         self._watch: set[int] = set()  # inferred GPU processes: their I/O is read every cycle too
         self._lock = threading.Lock()  # _io and _watch: the cycle writes, the worker reads
@@ -196,11 +201,13 @@ class StallDiagnoser:
 
     # --- the cycle's side: never blocks past the deadline ----------------------------------
 
-    def _harvest(self, index: int) -> tuple[float, Diagnosis] | None:
-        cached = self._cache.get(index)
-        job = self.worker.latest(("stall", index))
+    def _harvest(self, index: Hashable, cache: dict | None = None, kind: str = "stall") -> tuple[float, Any] | None:
+        """The newest result for a key: cached, or the worker's finished job when newer."""
+        cache = self._cache if cache is None else cache
+        cached = cache.get(index)
+        job = self.worker.latest((kind, index))
         if job is not None and job.done and job.result is not None and (cached is None or job.tag > cached[0]):
-            cached = self._cache[index] = (job.tag, job.result)
+            cached = cache[index] = (job.tag, job.result)
         return cached
 
     def _diagnosis_for(self, gpu: GpuSample, snapshot: Snapshot, when: float, util: tuple[float, ...],
@@ -228,9 +235,15 @@ class StallDiagnoser:
             if index not in stalled:
                 del self._cache[index]  # a new stall gets a fresh diagnosis
         self._late &= {f.key for f in findings}
+        for key in list(self._runs):
+            if all(f.key != key for f in findings):
+                del self._runs[key]
         wait_until = self.monotonic() + self.deadline
         out = []
         for finding in findings:
+            if finding.key.startswith(HANG_PREFIX):
+                out.append(self._enrich_hang(finding, snapshot, now, wait_until))
+                continue
             gpu = gpus.get(int(finding.details.get("gpu", -1))) if finding.kind == "gpu.stall" else None
             if gpu is None:
                 out.append(finding)
@@ -249,6 +262,27 @@ class StallDiagnoser:
             out.append(dataclasses.replace(finding, summary=f"{finding.summary} — {d.verdict}{owned}",
                                            details=details, hint=d.remedy))
         return out
+
+    def _enrich_hang(self, finding: Finding, snapshot: Snapshot, now: float | None, wait_until: float) -> Finding:
+        """A run's hang with the rank that holds the others (diagnosis.ranks), waited for as a stall's is."""
+        ranks = rank_pids(finding.details.get("ranks"))
+        if not ranks:
+            return finding
+        when = self.clock() if now is None else now
+        cached = self._harvest(finding.key, self._runs, "ranks")
+        if cached is None or when - cached[0] >= self.refresh:
+            job = self.worker.submit(("ranks", finding.key), lambda: self.gatherer.gather(
+                ranks, snapshot.filesystems, when, self.monotonic() + RUN_BUDGET_S), tag=when)
+            if cached is None and job is not None:
+                job.wait(min(wait_until, job.started + self.deadline) - self.monotonic())
+                cached = self._harvest(finding.key, self._runs, "ranks")
+        if cached is None:
+            self._late.add(finding.key)
+            return dataclasses.replace(finding, details={**finding.details, "diagnosis_timed_out": True})
+        if finding.key in self._late:
+            self._late.discard(finding.key)
+            self._updates.add(finding.key)
+        return with_run_diagnosis(finding, cached[1])
 
     def take_updates(self) -> set[str]:
         """Keys of stall alerts sent with a timed-out diagnosis whose full one is now attached: send again."""

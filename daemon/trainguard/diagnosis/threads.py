@@ -102,28 +102,41 @@ def remote_fd_flags(proc_root: str, info: ProcessInfo) -> dict[int, int | None]:
 
 # --- py-spy ----------------------------------------------------------------------------------
 
-def parse_py_spy_dump(text: str) -> dict[int, tuple[str, str]]:
-    """`py-spy dump --json` -> {os thread id: (Python thread name, innermost frame)}."""
+def py_spy_threads(text: str) -> list[dict]:
+    """The threads of a `py-spy dump --json`, each a dict with os_thread_id, thread_name and frames
+    (innermost first); [] when the text is not such a dump."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError:
-        return {}
+        return []
     threads = data if isinstance(data, list) else data.get("threads", []) if isinstance(data, dict) else []
     # Newer py-spy wraps the dump per process: [{"pid":..., "threads": [...]}]
     if threads and isinstance(threads[0], dict) and "threads" in threads[0]:
         threads = [t for proc in threads for t in proc.get("threads", [])]
+    return [t for t in threads if isinstance(t, dict) and (t.get("os_thread_id") or t.get("native_thread_id"))]
+
+
+def parse_py_spy_dump(text: str) -> dict[int, tuple[str, str]]:
+    """`py-spy dump --json` -> {os thread id: (Python thread name, innermost frame)}."""
     names: dict[int, tuple[str, str]] = {}
-    for t in threads:
-        tid = t.get("os_thread_id") or t.get("native_thread_id")
-        if not tid:
-            continue
+    for t in py_spy_threads(text):
         frames = t.get("frames") or []
         frame = ""
         if frames:
             f0 = frames[0]
             frame = f"{os.path.basename(str(f0.get('filename', '')))}:{f0.get('line', '?')} {f0.get('name', '')}"
-        names[int(tid)] = (str(t.get("thread_name") or ""), frame)
+        names[int(t.get("os_thread_id") or t.get("native_thread_id"))] = (str(t.get("thread_name") or ""), frame)
     return names
+
+
+def py_spy_dump(pid: int, timeout: float, py_spy: str | None = None, children: Children | None = None) -> str | None:
+    """The text of `py-spy dump --json --nonblocking` (the target is never paused: a ptrace stop would wait
+    forever on a thread in D state); None when py-spy is missing, fails or runs past the timeout."""
+    exe = py_spy or shutil.which("py-spy")
+    if not exe or timeout <= 0:
+        return None
+    result = (children or Children()).run([exe, "dump", "--pid", str(pid), "--json", "--nonblocking"], timeout)
+    return result[1] if result is not None and result[0] == 0 else None
 
 
 def python_thread_names(pid: int, timeout: float = 5.0, py_spy: str | None = None,
@@ -131,8 +144,5 @@ def python_thread_names(pid: int, timeout: float = 5.0, py_spy: str | None = Non
     """Python thread names via py-spy when installed; {} otherwise. Never pauses the target.
 
     A py-spy still running at the timeout is killed and reaped."""
-    exe = py_spy or shutil.which("py-spy")
-    if not exe or timeout <= 0:
-        return {}
-    result = (children or Children()).run([exe, "dump", "--pid", str(pid), "--json", "--nonblocking"], timeout)
-    return parse_py_spy_dump(result[1]) if result is not None and result[0] == 0 else {}
+    text = py_spy_dump(pid, timeout, py_spy, children)
+    return parse_py_spy_dump(text) if text is not None else {}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from trainguard.i18n import N_, Gettext
+from trainguard.i18n import N_, Gettext, tr
 from trainguard.units import format_duration
 
 Facts = Mapping[str, Any]
@@ -174,3 +174,86 @@ def remedy_text(facts: Facts, _: Gettext) -> str:
     if case == "blocked_on_file":
         return _(REMEDIES["blocked_local"])
     return _(REMEDIES[case])
+
+
+# --- a hang across the ranks of one run (diagnosis.ranks) -----------------------------------------
+
+def _ranks(ranks: list[int]) -> str:
+    return ", ".join(str(r) for r in ranks[:12]) + (", ..." if len(ranks) > 12 else "")
+
+
+def _rank_doing(r: Facts, _: Gettext) -> str:
+    """"rank 2 (PID 4121) is in DataLoader.__next__ (Shard.__getitem__ (x.py:10)) reading /data/x.bin on /mnt"."""
+    who = _("rank {rank} (PID {pid})").format(rank=r["rank"], pid=r["pid"])
+    if r.get("kind") == "gone":
+        return _("{who} has exited").format(who=who)
+    frame = r.get("frame") or _("an unknown frame")
+    if r.get("at") and not r["at"].startswith(frame + " "):
+        frame += f" [{r['at']}]"
+    text = _("{who} is in {frame}").format(who=who, frame=frame)
+    if r.get("file"):
+        verb = _(VERBS[r["syscall"]]) if r.get("syscall") in VERBS else _("waiting on")
+        text += _(" {verb} {file}").format(verb=verb, file=r["file"])
+        if r.get("mount"):
+            text += _(" (mount {mount})").format(mount=r["mount"])
+    if r.get("state") == "D":
+        text += _(", D state")
+    return text
+
+
+def run_verdict_text(details: Facts, lang: str) -> str:
+    """One line: which rank holds the others and where, or why none does."""
+    _ = tr(lang)
+    verdict, waiting = details.get("verdict", "unknown"), details.get("waiting_ranks") or []
+    if verdict == "rank_holds_collective":
+        text = _("{holder}; ranks {ranks} wait in {collective}").format(
+            holder=_rank_doing(details["holder"], _), ranks=_ranks(waiting), collective=details["collective"])
+    elif verdict == "all_in_collective":
+        text = _("all {count} ranks here wait in {collective}, none holds them: a rank on another host, a dead "
+                 "peer or a communication fault").format(count=len(waiting), collective=details["collective"])
+    elif verdict == "blocked_io":
+        text = _("{rank} (blocked I/O)").format(rank=_rank_doing(details["blocked_rank"], _))
+    elif verdict == "dataloader_deadlock":
+        text = _("{rank}, waiting for its data-loader workers (data-loader deadlock)").format(
+            rank=_rank_doing(details["blocked_rank"], _))
+    else:
+        text = _("no rank is blocked on I/O and none holds the others in a collective")
+    if details.get("stacks") in RANK_STACK_NOTES:
+        text += "; " + _(RANK_STACK_NOTES[details["stacks"]])
+    return text
+
+
+RANK_STACK_NOTES = {
+    "off": N_("py-spy is turned off ([gpu] py_spy = false): no stacks, only what /proc shows"),
+    "missing": N_("py-spy is not installed: no stacks, only what /proc shows"),
+    "failed": N_("py-spy could not read the ranks (no ptrace rights?): no stacks, only what /proc shows"),
+}
+NCCL_STEP = N_("set NCCL_DEBUG=WARN; for the flight recorder's record at the timeout, start the job with "
+               "TORCH_NCCL_DUMP_ON_TIMEOUT=1 TORCH_FR_BUFFER_SIZE=2000 TORCH_FR_DUMP_TEMP_FILE=/tmp/nccl_trace_rank_ "
+               "(older PyTorch: TORCH_NCCL_TRACE_BUFFER_SIZE, TORCH_NCCL_DEBUG_INFO_TEMP_FILE)")
+
+
+def run_remedy_text(details: Facts, lang: str) -> str:
+    """The next steps: the holder's mount or disk (or its stack), then NCCL's own diagnostics."""
+    _ = tr(lang)
+    verdict = details.get("verdict", "unknown")
+    r = details.get("holder") or details.get("blocked_rank") or {}
+    if r.get("kind") == "gone":
+        first = _("find why rank {rank} exited (its log, dmesg for the OOM killer); the job must be "
+                  "restarted").format(rank=r["rank"])
+    elif r.get("mount"):
+        first = _("check {mount} (its server or FUSE daemon) or the disk under {file}: the job goes on once the "
+                  "read or write returns").format(mount=r["mount"], file=r["file"])
+    elif r.get("file"):
+        first = _("check the disk under {file} (iostat -x)").format(file=r["file"])
+    elif r.get("dataloader"):
+        first = _("dump its data-loader workers (py-spy dump --pid on PID {pid}'s children); num_workers=0 "
+                  "confirms a worker deadlock").format(pid=r["pid"])
+    elif r:
+        first = _("look at rank {rank}'s stack (py-spy dump --pid {pid}): the others wait for it").format(
+            rank=r["rank"], pid=r["pid"])
+    elif verdict == "all_in_collective":
+        first = _("check the job's ranks on the other hosts and the network between them")
+    else:
+        first = _("dump each rank's stack (py-spy dump --pid PID)")
+    return _("{first}; {nccl}").format(first=first, nccl=_(NCCL_STEP))
