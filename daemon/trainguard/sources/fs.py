@@ -54,7 +54,7 @@ def usage_from_counts(frsize: int, blocks: int, bfree: int, bavail: int, files: 
 
 def usage_from_statvfs(st: os.statvfs_result) -> FsUsage:
     return usage_from_counts(st.f_frsize or st.f_bsize, st.f_blocks, st.f_bfree, st.f_bavail, st.f_files, st.f_ffree,
-                             st.f_fsid)
+                             st.f_fsid or 0)  # None in a statvfs_result built from its ten fields
 
 
 def fsid_of_stat(text: str) -> int:
