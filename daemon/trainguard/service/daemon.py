@@ -21,6 +21,7 @@ from trainguard.alerts.lifecycle import Lifecycle
 from trainguard.clock import Clock, SystemClock
 from trainguard.detectors import DetectorInput, evaluate
 from trainguard.detectors.follow import learned, seeded
+from trainguard.detectors.progress import fold_stalls
 from trainguard.detectors.series import series_of
 from trainguard.notify import LogNotifier, Notifier
 from trainguard.notify.outbox import failed_attempts
@@ -39,6 +40,7 @@ from trainguard.sources.samplers import Samplers
 from trainguard.store.cycles import LearnedCycles
 from trainguard.store.heartbeat import Heartbeat
 from trainguard.store.history import History
+from trainguard.store.progress import ProgressBook
 from trainguard.store.state import StateDb, choose_state_dir
 from trainguard.store.writes import WriteHealth, unwritable_finding
 from trainguard.surfaces.readings import Readings
@@ -89,6 +91,9 @@ class Daemon:
         # learned are in the state database too, so a restart starts from them.
         self.learned_cycles = LearnedCycles(self.db.connect())
         self.fits: dict = {mp: seeded(rows) for mp, rows in self.learned_cycles.load(now).items()}
+        # Each training run's cadence, so a restart in the middle of a run keeps what it learned.
+        self.progress = ProgressBook(self.db.connect())
+        self.progress.load(now)
         # Swapped as a whole each cycle: a scrape reads one consistent, immutable reference.
         self.readings: Readings | None = None
         self.metrics: MetricsServer | None = None
@@ -119,8 +124,11 @@ class Daemon:
         self.writes.attempt("history", self.history.record, now, series_of(snapshot))
         watched = {s.mount.mount_point for s in snapshot.filesystems}
         self.fits = {mp: f for mp, f in self.fits.items() if mp in watched}  # mounts that went away
-        inp = DetectorInput(self.config, self.history, snapshot, now, self.lifecycle.active, fits=self.fits)
-        findings = evaluate(inp)
+        cadences = self.progress.update(snapshot.runs, snapshot.gpus, now, max_step=3 * self.cycle_interval())
+        self.writes.attempt("progress", self.progress.save, now)
+        inp = DetectorInput(self.config, self.history, snapshot, now, self.lifecycle.active, fits=self.fits,
+                            progress=cadences)
+        findings = fold_stalls(evaluate(inp))  # a hang whose GPUs stall too is one alert
         for mp, fit in self.fits.items():
             self.writes.attempt("cycles", self.learned_cycles.save, mp, learned(fit), now)
         problem = self.writes.problem()
@@ -330,7 +338,8 @@ class Daemon:
             except Exception:
                 log.exception("closing notifier %s failed", type(notifier).__name__)
         # Closing the connections checkpoints the WAL: the db file is complete on its own.
-        for conn in (self.history.conn, self.lifecycle.conn, self.heartbeat.conn, self.learned_cycles.conn):
+        for conn in (self.history.conn, self.lifecycle.conn, self.heartbeat.conn, self.learned_cycles.conn,
+                     self.progress.conn):
             if conn is not None:
                 conn.close()
         self.sd.close()

@@ -12,6 +12,7 @@ from trainguard.sources.diskstats import DiskstatsSampler
 from trainguard.sources.fs import FsSampler
 from trainguard.sources.gpu import GpuSampler, load_nvml
 from trainguard.sources.logwatch import LogWatcher
+from trainguard.sources.runs import RunSampler, local_paths
 
 
 def gpu_sampler(cfg: configmod.Config, clock: Clock, nvml=None) -> GpuSampler | None:
@@ -30,6 +31,7 @@ class Samplers:
     gpu: GpuSampler | None = None
     logs: LogWatcher | None = None
     checkpoints: CheckpointSampler | None = None
+    runs: RunSampler | None = None  # training runs and their progress marks ([progress] enabled)
 
     @classmethod
     def from_config(cls, cfg: configmod.Config, clock: Clock, *, nvml=None, follow_logs: bool = False) -> "Samplers":
@@ -45,6 +47,7 @@ class Samplers:
             gpu=gpu_sampler(cfg, clock, nvml),
             logs=logs,
             checkpoints=CheckpointSampler(cfg.cleanup) if cfg.forecast.next_checkpoint else None,
+            runs=RunSampler(cfg.general.proc_root) if cfg.progress.enabled else None,
         )
 
     def sample(self, now: float) -> Snapshot:
@@ -54,10 +57,15 @@ class Samplers:
             gpus, gpu_status = reading.gpus, reading.status
         else:
             gpus, gpu_status = (), NvmlStatus(NvmlState.OFF, "GPU monitoring is disabled ([gpu] enabled = false)")
+        runs, ended = (), ()
+        if self.runs is not None:
+            local = local_paths((s.mount.mount_point, s.mount.kind) for s in filesystems)
+            runs, ended = self.runs.sample(now, gpus, local=local)
         return Snapshot(ts=now, filesystems=tuple(filesystems), disks=tuple(self.disks.sample()),
                         missing_paths=tuple(missing), gpus=gpus, gpu_status=gpu_status,
                         log_matches=self.logs.recent(now) if self.logs is not None else (),
-                        checkpoints=self.checkpoints.sample(now, filesystems) if self.checkpoints else ())
+                        checkpoints=self.checkpoints.sample(now, filesystems) if self.checkpoints else (),
+                        runs=runs, ended_runs=ended)
 
     def close(self) -> None:
         self.fs.close()

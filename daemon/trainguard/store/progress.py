@@ -1,0 +1,180 @@
+"""The cadence each training run has shown, kept in the state database.
+
+A run makes progress in bursts of several kinds: steps every few seconds, an evaluation pass every
+few hundred steps, a checkpoint save every hour. What is normal for it is learned from the gaps between
+its progress events: the longest gap seen, decaying with a half-life of GAP_HALF_LIFE so a cadence the
+run left behind is forgotten slowly, while an hourly save keeps its gap refreshed. A restart in the
+middle of a run keeps it: without it, the next checkpoint save after a restart would look like a hang.
+Also learned, per GPU: the power it draws while the run progresses (a high quantile of recent samples),
+which tells a GPU that computes from one that spins in a collective.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, replace
+
+from trainguard.records import GpuSample, RunSample
+
+SCHEMA = """CREATE TABLE IF NOT EXISTS run_progress (
+    run TEXT PRIMARY KEY, seen REAL NOT NULL, state TEXT NOT NULL) WITHOUT ROWID"""
+GAP_HALF_LIFE = 24 * 3600.0
+KEEP = 2 * 86400.0  # a run not seen this long is forgotten
+MAX_RUNS = 256
+RECENT_GAPS = 32
+POWER_SAMPLES = 64
+POWER_QUANTILE = 0.9
+COMPUTING_UTIL = 0.5  # a power sample counts toward the training level at this utilisation or more
+SAVE_EVERY = 60.0  # seconds between saves of a run whose cadence did not change
+
+
+@dataclass(frozen=True, slots=True)
+class RankMark:
+    pid: int
+    mark: int
+    cpu_s: float
+    last_progress: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Cadence:
+    run_id: str
+    name: str
+    first_seen: float
+    last_seen: float
+    last_progress: float | None = None  # None: no progress event seen yet (start-up)
+    longest_gap: float = 0.0  # the decayed longest normal gap, as of longest_at
+    longest_at: float = 0.0
+    gaps: tuple[float, ...] = ()  # the most recent gaps, oldest first
+    ranks: tuple[RankMark, ...] = ()
+    power: tuple[tuple[int, tuple[float, ...]], ...] = ()  # GPU index -> recent power samples while progressing
+    cpu_moved: bool = True  # did any rank use CPU time since the cycle before
+
+    def normal_gap(self) -> float:
+        """The longest normal gap as of the last progress event (fixed while the run is silent)."""
+        if self.last_progress is None:
+            return 0.0
+        return decayed(self.longest_gap, self.longest_at, self.last_progress)
+
+    def training_power(self, gpu: int) -> float | None:
+        """The GPU's learned power while the run progresses (None until a few samples are in)."""
+        samples = dict(self.power).get(gpu, ())
+        if len(samples) < 5:
+            return None
+        ordered = sorted(samples)
+        return ordered[int(POWER_QUANTILE * (len(ordered) - 1))]
+
+
+def decayed(value: float, at: float, now: float) -> float:
+    return value * 0.5 ** (max(0.0, now - at) / GAP_HALF_LIFE)
+
+
+def learn_gap(c: Cadence, gap: float, now: float) -> Cadence:
+    longest = max(gap, decayed(c.longest_gap, c.longest_at, now))
+    return replace(c, longest_gap=longest, longest_at=now, gaps=(*c.gaps, gap)[-RECENT_GAPS:])
+
+
+def advance(prev: Cadence | None, run: RunSample, gpus: Mapping[int, GpuSample], now: float,
+            max_step: float) -> Cadence:
+    """The run's cadence after this cycle. A rank whose mark changed made progress; a gap is learned
+    only when the cycle before was seen within max_step (a daemon that was away knows no gap)."""
+    c = prev or Cadence(run.run_id, run.name, first_seen=now, last_seen=now)
+    before = {r.pid: r for r in c.ranks}
+    ranks, progressed, cpu_moved = [], False, False
+    for r in run.ranks:
+        old = before.get(r.pid)
+        moved = old is not None and old.mark != r.mark
+        progressed |= moved
+        cpu_moved |= old is None or r.cpu_s > old.cpu_s
+        ranks.append(RankMark(r.pid, r.mark, r.cpu_s, now if moved else (old.last_progress if old else None)))
+    c = replace(c, name=run.name, ranks=tuple(ranks), cpu_moved=cpu_moved)
+    if progressed:
+        if c.last_progress is not None and now - c.last_seen <= max_step:
+            c = learn_gap(c, now - c.last_progress, now)
+        c = replace(c, last_progress=now, power=_learn_power(c.power, run, gpus))
+    return replace(c, last_seen=now)
+
+
+def _learn_power(power: tuple[tuple[int, tuple[float, ...]], ...], run: RunSample,
+                 gpus: Mapping[int, GpuSample]) -> tuple[tuple[int, tuple[float, ...]], ...]:
+    learned = dict(power)
+    for index in sorted({i for r in run.ranks for i in r.gpus}):
+        g = gpus.get(index)
+        if g is None or g.power_w is None or g.util_ratio is None or g.util_ratio < COMPUTING_UTIL:
+            continue
+        learned[index] = (*learned.get(index, ()), g.power_w)[-POWER_SAMPLES:]
+    return tuple(sorted(learned.items()))
+
+
+def to_json(c: Cadence) -> str:
+    return json.dumps(asdict(c), separators=(",", ":"))
+
+
+def from_json(text: str) -> Cadence:
+    """Raises ValueError, KeyError or TypeError on a malformed row."""
+    d = json.loads(text)
+    return Cadence(
+        str(d["run_id"]), str(d["name"]), float(d["first_seen"]), float(d["last_seen"]),
+        None if d.get("last_progress") is None else float(d["last_progress"]), float(d.get("longest_gap", 0.0)),
+        float(d.get("longest_at", 0.0)), tuple(float(g) for g in d.get("gaps", ())),
+        tuple(RankMark(int(r["pid"]), int(r["mark"]), float(r["cpu_s"]),
+                       None if r.get("last_progress") is None else float(r["last_progress"]))
+              for r in d.get("ranks", ())),
+        tuple((int(i), tuple(float(w) for w in ws)) for i, ws in d.get("power", ())),
+    )
+
+
+class ProgressBook:
+    """The cadences of the runs seen, in memory and in the run_progress table."""
+
+    def __init__(self, conn: sqlite3.Connection):
+        self.conn = conn
+        conn.execute(SCHEMA)
+        self.cadences: dict[str, Cadence] = {}
+        self._saved: dict[str, tuple[float, Cadence]] = {}
+
+    def load(self, now: float) -> dict[str, Cadence]:
+        """The cadences as last saved; a malformed row is skipped (and overwritten when the run comes back)."""
+        try:
+            rows = self.conn.execute("SELECT run, seen, state FROM run_progress WHERE seen >= ?",
+                                     (now - KEEP,)).fetchall()
+        except sqlite3.OperationalError:
+            rows = []
+        for run_id, _seen, state in rows:
+            try:
+                self.cadences[run_id] = from_json(state)
+            except (ValueError, KeyError, TypeError):
+                continue
+        return dict(self.cadences)
+
+    def update(self, runs: Iterable[RunSample], gpus: Iterable[GpuSample], now: float,
+               max_step: float) -> dict[str, Cadence]:
+        by_index = {g.index: g for g in gpus}
+        for run in runs:
+            self.cadences[run.run_id] = advance(self.cadences.get(run.run_id), run, by_index, now, max_step)
+        old = sorted(self.cadences.values(), key=lambda c: c.last_seen, reverse=True)
+        self.cadences = {c.run_id: c for c in old[:MAX_RUNS] if now - c.last_seen < KEEP}
+        return dict(self.cadences)
+
+    def save(self, now: float) -> None:
+        """Write the runs whose cadence changed (not just seen again), and every run each SAVE_EVERY."""
+        due = []
+        for run_id, c in self.cadences.items():
+            saved = self._saved.get(run_id)
+            if saved is None or now - saved[0] >= SAVE_EVERY or _learned(saved[1]) != _learned(c):
+                due.append(c)
+        if not due:
+            return
+        with self.conn:
+            self.conn.execute("BEGIN")
+            self.conn.execute("DELETE FROM run_progress WHERE seen < ?", (now - KEEP,))
+            self.conn.executemany("INSERT OR REPLACE INTO run_progress(run, seen, state) VALUES (?, ?, ?)",
+                                  [(c.run_id, c.last_seen, to_json(c)) for c in due])
+        for c in due:
+            self._saved[c.run_id] = (now, c)
+
+
+def _learned(c: Cadence) -> tuple:
+    return c.last_progress, c.longest_gap, tuple((r.pid, r.mark) for r in c.ranks)
