@@ -68,14 +68,17 @@ def _read(path: str, limit: int = 4096) -> str | None:
 
 
 def launcher_kind(cmdline: Sequence[str]) -> str | None:
-    """"torchrun" for `torchrun ...` or `python -m torch.distributed.run ...`; None for a non-launcher."""
-    for i, arg in enumerate(cmdline[:4]):
-        base = os.path.basename(arg)
-        if base in LAUNCHERS and (i == 0 or not cmdline[0].endswith(base)):
-            return LAUNCHERS[base]
-        if arg == "-m" and i + 1 < len(cmdline) and cmdline[i + 1] in LAUNCHERS:
-            return LAUNCHERS[cmdline[i + 1]]
-    return None
+    """"torchrun" for `torchrun ...`, `python /venv/bin/torchrun ...` or `python -m torch.distributed.run
+    ...`; None for anything else (a launcher's name later in the arguments is not the program)."""
+    if not cmdline:
+        return None
+    program = os.path.basename(cmdline[0])
+    if program in LAUNCHERS or not program.startswith("python"):
+        return LAUNCHERS.get(program)
+    rest = [a for a in cmdline[1:] if a == "-m" or not a.startswith("-")]  # interpreter flags (-u, -O)
+    if rest[:1] == ["-m"]:
+        return LAUNCHERS.get(rest[1]) if len(rest) > 1 else None
+    return LAUNCHERS.get(os.path.basename(rest[0])) if rest else None
 
 
 def parse_pos(fdinfo: str) -> int | None:

@@ -123,6 +123,7 @@ def from_json(text: str) -> Cadence:
                        None if r.get("last_progress") is None else float(r["last_progress"]))
               for r in d.get("ranks", ())),
         tuple((int(i), tuple(float(w) for w in ws)) for i, ws in d.get("power", ())),
+        bool(d.get("cpu_moved", True)),
     )
 
 
