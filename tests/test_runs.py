@@ -17,7 +17,8 @@ from trainguard.sources.runs import (
     parse_stat,
 )
 
-from tests.support.launcher import launch, wait_for
+from tests.support.daemon_proc import wait_until
+from tests.support.launcher import launch
 
 
 @pytest.fixture
@@ -50,7 +51,7 @@ def test_a_rank_that_writes_moves_its_mark_and_a_waiting_one_does_not(launched):
     before = {r.pid: r.mark for r in sampler.sample(0.0, [on_gpu(r0)])[0][0].ranks}
     size = (out / "rank0.log").stat().st_size
     os.kill(r0, signal.SIGUSR1)
-    wait_for(lambda: (out / "rank0.log").stat().st_size > size, "the step line")
+    wait_until(lambda: (out / "rank0.log").stat().st_size > size, 20, what="the step line")
     after = {r.pid: r.mark for r in sampler.sample(1.0, [on_gpu(r0)])[0][0].ranks}
     assert after[r0] > before[r0]
     assert after[r1] == before[r1]
@@ -62,8 +63,8 @@ def test_a_run_that_crashed_ends_with_its_error_line_and_a_clean_end_with_none(l
     [run] = sampler.sample(0.0, [on_gpu(r0)])[0]
     os.kill(r1, signal.SIGTERM)  # one rank killed: the run goes on
     os.kill(r0, signal.SIGUSR2)
-    wait_for(lambda: not Path(f"/proc/{r0}/stat").exists() or "Z" in Path(f"/proc/{r0}/stat").read_text().split()[2],
-             "rank 0's crash")
+    wait_until(lambda: not Path(f"/proc/{r0}/stat").exists() or Path(f"/proc/{r0}/stat").read_text().split()[2] == "Z",
+               20, what="rank 0's crash")
     runs, ended = sampler.sample(10.0, [])
     assert runs == ()
     [end] = ended

@@ -9,8 +9,9 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
+
+from tests.support.daemon_proc import wait_until
 
 RANK = textwrap.dedent("""
     import os, signal, sys
@@ -41,16 +42,6 @@ LAUNCHER = textwrap.dedent("""\
 """)
 
 
-def wait_for(condition, what: str, timeout: float = 20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @contextlib.contextmanager
 def launch(tmp_path: Path):
     """A `torchrun` (a script of that name) with two ranks: (launcher, [rank pids], out dir)."""
@@ -63,10 +54,10 @@ def launch(tmp_path: Path):
     launcher = subprocess.Popen([sys.executable, str(script), str(out)])
     ranks: list[int] = []
     try:
-        pids = wait_for(lambda: (out / "pids").exists() and (out / "pids").read_text().split(), "the ranks")
+        pids = wait_until(lambda: (out / "pids").exists() and (out / "pids").read_text().split(), 20, what="the ranks")
         ranks = [int(p) for p in pids]
         for i in range(2):
-            wait_for(lambda i=i: "ready" in (out / f"rank{i}.log").read_text(), f"rank {i}")
+            wait_until(lambda i=i: "ready" in (out / f"rank{i}.log").read_text(), 20, what=f"rank {i}")
         yield launcher, ranks, out
     finally:
         for pid in ranks:  # the test's own children's children, by PID
