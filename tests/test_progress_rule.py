@@ -44,8 +44,10 @@ def progress_cfg(**kw) -> configmod.Progress:
     return configmod.parse({"progress": kw}, "test").progress
 
 
-def run_at(mark: int, cpu: float = 1.0, gpus=(0,), blocked: int = 0, name: str = "torchrun-4121") -> RunSample:
-    return RunSample("4121@77", name, (RankSample(4122, 0, mark, cpu, blocked, tuple(gpus)),))
+def run_at(mark: int, cpu: float = 1.0, gpus=(0,), blocked: int = 0, main: bool = False,
+           name: str = "torchrun-4121") -> RunSample:
+    rank = RankSample(4122, 0, mark, cpu, blocked_threads=blocked, main_blocked=main, gpus=tuple(gpus))
+    return RunSample("4121@77", name, (rank,))
 
 
 def gpu(util: float | None, power: float | None, limit: float = 400.0, index: int = 0) -> GpuSample:
@@ -152,6 +154,18 @@ def test_a_silent_run_whose_gpus_compute_at_training_power_is_a_long_evaluation_
     assert hang.details["gpu_evidence"] == "spinning"
     [rank] = hang.details["ranks"]
     assert set(rank) >= {"rank", "pid", "gpu", "last_progress_ts", "cpu_s"} and rank["pid"] == 4122
+
+
+def test_a_rank_whose_main_thread_is_blocked_in_io_is_hung_whatever_its_gpu_shows():
+    cfg = progress_cfg(min_silence="60s")
+    c = drive([T0 + 10 * i for i in range(5)], cycle=10.0)
+    at = T0 + 40 + 61
+    computing = [gpu(0.6, 250.0)]
+    side_thread = run_at(5, blocked=1)  # a background writer in I/O: the GPU still says what the run does
+    assert detect_hangs(cfg, [side_thread], {side_thread.run_id: c}, computing, at) == []
+    main = run_at(5, blocked=1, main=True)
+    [hang] = detect_hangs(cfg, [main], {main.run_id: c}, computing, at)
+    assert hang.details["gpu_evidence"] == "blocked"
 
 
 def test_without_gpus_a_blocked_rank_or_no_cpu_time_corroborates():

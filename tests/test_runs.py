@@ -94,4 +94,8 @@ def test_the_error_line_of_an_output_tail():
     tail = ("step 99\nTraceback (most recent call last):\n  File \"train.py\", line 3\n"
             "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \ntrain.py FAILED\n")
     assert error_line(tail).startswith("torch.distributed.elastic.multiprocessing.errors.ChildFailedError")
-    assert error_line("step 1\nstep 2\ndone\n") == ""
+    assert error_line("RuntimeError: loss is nan at step 7\n" + tail) == "RuntimeError: loss is nan at step 7"
+    assert error_line("step 1\nstep 2\nerror_file: <N/A>\ndone\n") == ""
+    ranks = ("[rank0]: RuntimeError: loss is nan at step 7\n[rank3]: RuntimeError: Connection closed by peer\n"
+             "Root Cause (first observed failure):\n[0]:\n  rank      : 0 (local_rank: 0)\n")
+    assert error_line(ranks) == "[rank0]: RuntimeError: loss is nan at step 7"

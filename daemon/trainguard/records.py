@@ -290,6 +290,7 @@ class RankSample:
     mark: int
     cpu_s: float
     blocked_threads: int = 0  # threads in D state or asleep in a filesystem wait
+    main_blocked: bool = False  # its main thread is one of them: it queues no GPU work, whatever the GPU shows
     gpus: tuple[int, ...] = ()  # indices of the GPUs it has a context on
     outputs: tuple[str, ...] = ()  # its stdout/stderr when they are files (a crash is read from them)
 

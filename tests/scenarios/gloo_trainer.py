@@ -1,5 +1,5 @@
 """A real torch.distributed job on the gloo backend (CPU) for the hang scenarios, one process per rank
-under torchrun:
+under torchrun (or, with --single, one process and no process group):
 
     python -m torch.distributed.run --standalone --nproc-per-node 4 gloo_trainer.py --out DIR \\
         --share-data /mnt/share/data.bin --share-rank 2
@@ -7,13 +7,18 @@ under torchrun:
 A tiny MLP trained with DistributedDataParallel: every backward pass is an all_reduce of the gradients,
 so one rank that stops stops them all. Rank `--share-rank` reads each batch's bytes from `--share-data`
 (a new MiB of the file each step, so the read really goes to the filesystem, not the page cache); the
-others read from local disk. Rank 0 writes TensorBoard events (flushed each step) under DIR/tb and
-prints "step N" to its stdout. Each rank writes its PID to DIR/rankR.pid once it is up.
+others read from local disk. Rank `--loader-rank` takes its batches from a DataLoader worker that takes
+the flock of `--loader-lock` for each one (a test holding it deadlocks the worker). Rank 0 writes
+TensorBoard events (flushed each step) under DIR/tb, prints "step N" to its stdout, and saves a
+checkpoint to `--ckpt-dir` every `--ckpt-every` steps. Files steer it: `--start-file` (training starts
+once it exists: a slow start-up), `--eval-file` (while it exists: forward passes that log nothing),
+`--crash-file` (rank 0 raises). Each rank writes its PID to DIR/rankR.pid once it is up.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
 import time
 from pathlib import Path
@@ -21,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.tensorboard import SummaryWriter
 
 STRIDE = 1 << 20
@@ -33,26 +38,68 @@ def batch(fd: int, step: int) -> torch.Tensor:
     return raw.view(4, 64) / 255.0
 
 
-def main() -> None:
+class Locked(IterableDataset):
+    """Endless batches, each made under an exclusive flock of `lock`."""
+
+    def __init__(self, lock: str) -> None:
+        self.lock = lock
+
+    def __iter__(self):
+        while True:
+            with open(self.lock, "rb") as fh:
+                fcntl.flock(fh, fcntl.LOCK_EX)
+                fcntl.flock(fh, fcntl.LOCK_UN)
+            yield torch.rand(4, 64)
+
+
+def args_of() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--share-data", required=True)
-    ap.add_argument("--share-rank", type=int, default=2)
+    ap.add_argument("--share-data", default="")
+    ap.add_argument("--share-rank", type=int, default=-1)
+    ap.add_argument("--loader-rank", type=int, default=-1)
+    ap.add_argument("--loader-lock", default="")
+    ap.add_argument("--ckpt-dir", type=Path)
+    ap.add_argument("--ckpt-every", type=int, default=5)
+    ap.add_argument("--start-file", type=Path)
+    ap.add_argument("--eval-file", type=Path)
+    ap.add_argument("--crash-file", type=Path)
+    ap.add_argument("--single", action="store_true")
     ap.add_argument("--step-seconds", type=float, default=0.05)
-    args = ap.parse_args()
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = args_of()
+    rank = 0
+    model: nn.Module = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 1))
     torch.manual_seed(0)
-    model = DistributedDataParallel(nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 1)))
+    if not args.single:
+        from torch.nn.parallel import DistributedDataParallel
+
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+        model = DistributedDataParallel(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     local = args.out / f"data{rank}.bin"
     local.write_bytes(os.urandom(1 << 16))
     fd = os.open(args.share_data if rank == args.share_rank else local, os.O_RDONLY)
+    loader = iter(DataLoader(Locked(args.loader_lock), batch_size=None, num_workers=1)) \
+        if rank == args.loader_rank else None
     writer = SummaryWriter(str(args.out / "tb"), flush_secs=3600) if rank == 0 else None
     (args.out / f"rank{rank}.pid").write_text(str(os.getpid()))
+    while args.start_file and not args.start_file.exists():
+        time.sleep(0.05)
     step = 0
     while True:
-        x = batch(fd, step if rank == args.share_rank else 0)
+        if args.eval_file and args.eval_file.exists():
+            with torch.no_grad():
+                model(batch(fd, 0))  # evaluation: computes, logs nothing
+            time.sleep(args.step_seconds)
+            continue
+        if rank == 0 and args.crash_file and args.crash_file.exists():
+            raise RuntimeError(f"loss is nan at step {step}")
+        x = next(loader) if loader is not None else batch(fd, step if rank == args.share_rank else 0)
         loss = model(x).pow(2).mean()
         opt.zero_grad()
         loss.backward()  # all_reduce of the gradients: every rank waits for the slowest
@@ -62,6 +109,8 @@ def main() -> None:
             writer.add_scalar("loss", loss.item(), step)
             writer.flush()
             print(f"step {step}", flush=True)
+            if args.ckpt_dir and step % args.ckpt_every == 0:
+                torch.save(model.state_dict(), args.ckpt_dir / "last.pt")
         time.sleep(args.step_seconds)
 
 

@@ -3,7 +3,8 @@ ended with an error (train.exit).
 
 Pure functions of ([progress] config, the runs and their learned cadences, the GPUs, now). The rule:
 a run is silent for longer than max(min_silence, factor x its longest normal gap), or, before its first
-progress event, than startup_grace. Silence alone is not the verdict; the run's GPUs must agree:
+progress event, than startup_grace. Silence alone is not the verdict. A rank whose main thread is
+blocked in I/O agrees, whatever the GPU shows (a checkpoint write to a hung share). Else the GPUs must:
 "spinning" (busy at >= SPIN_UTIL with power far below the GPU's own training level: a collective that
 waits), "idle" (<= IDLE_UTIL). A GPU that computes at its training power means a long evaluation that
 logs nothing: not hung. Without GPU data, a rank blocked in I/O ("blocked") or no CPU time used by
@@ -56,13 +57,16 @@ def gpu_state(g: GpuSample, learned_w: float | None) -> str | None:
 
 
 def evidence(run: RunSample, c: Cadence, gpus: Mapping[int, GpuSample]) -> str | None:
-    """What corroborates the silence ("spinning", "idle", "blocked", "no_cpu"), or None: not hung."""
+    """What corroborates the silence ("spinning", "idle", "blocked", "no_cpu"), or None: not hung.
+    A rank whose main thread is blocked in I/O queues no GPU work, whatever its GPU shows."""
     states = [gpu_state(gpus[i], c.training_power(i)) for i in _gpus_of(run) if i in gpus]
     states = [s for s in states if s is not None]
-    if states:
-        if "computing" in states:
-            return None
+    if states and "computing" not in states:
         return "spinning" if "spinning" in states else "idle"
+    if any(r.main_blocked for r in run.ranks):
+        return "blocked"
+    if states:
+        return None  # computing at its training level: a long evaluation that logs nothing
     if any(r.blocked_threads for r in run.ranks):
         return "blocked"
     return None if c.cpu_moved else "no_cpu"
@@ -85,7 +89,7 @@ def _ranks(run: RunSample, c: Cadence) -> list[dict[str, Any]]:
         mark = marks.get(r.pid)
         out.append({"rank": r.rank, "pid": r.pid, "gpu": r.gpus[0] if r.gpus else None,
                     "last_progress_ts": mark.last_progress if mark else None, "cpu_s": round(r.cpu_s, 2),
-                    "blocked_threads": r.blocked_threads})
+                    "blocked_threads": r.blocked_threads, "main_blocked": r.main_blocked})
     return out
 
 

@@ -13,6 +13,7 @@ MAX_RANKS per run, MAX_FDS per rank, MAX_THREADS looked at per rank.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -24,10 +25,12 @@ MAX_RANKS = 64
 MAX_FDS = 256
 MAX_THREADS = 128
 MAX_DEPTH = 8  # ancestors looked at for a launcher
-END_TAIL = 8192  # bytes of a gone run's stdout/stderr read for its error
+END_TAIL = 32768  # bytes of a gone run's stdout/stderr read for its error (4 ranks' tracebacks)
 END_HOLD = 3600.0  # an ended run is reported this long
 RANK_KEYS = ("RANK", "LOCAL_RANK")
-ERROR_WORDS = ("Traceback (most recent call last)", "ChildFailedError", "Error", "Killed")
+_RAISED = re.compile(r"\b[A-Za-z_][\w.]*(?:Error|Exception): \S")  # "RuntimeError: loss is nan"
+_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?\brank\s*:\s*(\d+)", re.DOTALL)
+FAILURE_WORDS = ("ChildFailedError", "Killed", "Segmentation fault")
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 # Launcher programs and modules, as they appear in a command line.
 LAUNCHERS = {"torchrun": "torchrun", "torch.distributed.run": "torchrun", "torch.distributed.launch": "torchrun",
@@ -189,8 +192,8 @@ class RunSampler:
         written, outputs = self._writes(pid)
         io = _read(f"{self.proc_root}/{pid}/io")
         mark = written + (parse_write_bytes(io) if io else 0) + step
-        return RankSample(pid, rank, mark, stat.cpu_s, self._blocked(pid, stat.state), tuple(sorted(gpus)),
-                          outputs)
+        blocked, main = self._blocked(pid, stat.state)
+        return RankSample(pid, rank, mark, stat.cpu_s, blocked, main, tuple(sorted(gpus)), outputs)
 
     def _writes(self, pid: int) -> tuple[int, tuple[str, ...]]:
         """(sum of the write positions of its files open for writing, its stdout/stderr files)."""
@@ -216,21 +219,24 @@ class RunSampler:
                 outputs.append(target)
         return total, tuple(dict.fromkeys(outputs))
 
-    def _blocked(self, pid: int, state: str) -> int:
-        """Threads in D state or asleep in a filesystem wait (a hung FUSE read sleeps in S)."""
+    def _blocked(self, pid: int, state: str) -> tuple[int, bool]:
+        """(threads in D state or asleep in a filesystem wait (a hung FUSE read sleeps in S), whether the
+        main thread is one of them)."""
         try:
             tids = sorted(int(t) for t in os.listdir(f"{self.proc_root}/{pid}/task") if t.isdigit())[:MAX_THREADS]
         except OSError:
-            return 1 if state == "D" else 0
-        blocked = 0
+            return (1, True) if state == "D" else (0, False)
+        blocked, main = 0, False
         for tid in tids:
             text = _read(f"{self.proc_root}/{pid}/task/{tid}/stat")
             stat = parse_stat(text) if text else None
             if stat is None or stat.state not in ("D", "S"):
                 continue
             wchan = "" if stat.state == "D" else (_read(f"{self.proc_root}/{pid}/task/{tid}/wchan") or "").strip()
-            blocked += is_blocked(stat.state, wchan)
-        return blocked
+            if is_blocked(stat.state, wchan):
+                blocked += 1
+                main |= tid == pid
+        return blocked, main
 
     def _error_of(self, run: RunSample, local: Callable[[str], bool]) -> str:
         for path in dict.fromkeys(p for r in run.ranks for p in r.outputs):
@@ -261,15 +267,15 @@ def _tail(path: str) -> str:
 
 
 def error_line(text: str) -> str:
-    """The last line of a run's output tail that says it failed ("" when none does)."""
+    """The line of a run's output tail that says why it failed: its last exception ("RuntimeError: loss
+    is nan"), else the launcher's verdict (ChildFailedError) or a kill; "" when none says so."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    if not any(w in text for w in ERROR_WORDS):
-        return ""
-    for line in reversed(lines):
-        if any(w in line for w in ERROR_WORDS[1:]) or line.endswith(("Error", "Exception")) or ": " in line and (
-                line.split(":", 1)[0].endswith(("Error", "Exception"))):
-            return line[:300]
-    return lines[-1][:300] if lines else ""
+    raised = [ln for ln in lines if _RAISED.search(ln) and "ChildFailedError" not in ln]
+    if root := _ROOT_CAUSE.search(text):  # torchrun names the rank that failed first; the others followed it
+        raised = [ln for ln in raised if ln.startswith(f"[rank{root.group(1)}]")] or raised
+    if raised:
+        return raised[-1][:300]
+    return next((ln[:300] for ln in reversed(lines) if any(w in ln for w in FAILURE_WORDS)), "")
 
 
 def local_paths(kinds: Iterable[tuple[str, MountKind]]) -> Callable[[str], bool]:
