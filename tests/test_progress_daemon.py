@@ -9,9 +9,11 @@ import time
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 from trainguard import config as configmod
 from trainguard.records import AlertStatus
 from trainguard.service.daemon import Daemon
+from trainguard.surfaces.exporter import ReadingsCollector
 
 from tests.gpu_support import FakeClock, GiB, fake_pynvml, gpu_spec
 from tests.support.launcher import launch
@@ -57,6 +59,19 @@ def nvml_for(pids, clock, hang_at: float, hang_state: dict):
         gpus.append(gpu_spec([{"at": 0, "util": 95, "power_w": 300, "mem_used": 50 * GiB, "processes": procs},
                               {"at": hang_at, **hang_state, "processes": procs}]))
     return fake_pynvml.FakeNvml({"gpus": gpus, "t0": clock.now}, clock=clock)
+
+
+def scrape(daemon: Daemon) -> dict:
+    """(name, labels without the owner's) -> value of the run series on /metrics."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ReadingsCollector(lambda: daemon.readings))
+    out = {}
+    for family in registry.collect():
+        for sample in family.samples:
+            if sample.name.startswith("trainguard_run_"):
+                labels = {k: v for k, v in sample.labels.items() if k in ("run", "train_job", "rank")}
+                out[(sample.name, frozenset(labels.items()))] = sample.value
+    return out
 
 
 def step(pid: int, log: Path) -> None:
@@ -107,6 +122,15 @@ def test_a_run_spinning_in_a_collective_is_one_hang_alert_naming_its_ranks_then_
         assert {(r["rank"], r["pid"], r["gpu"]) for r in d["ranks"]} == {(0, r0, 0), (1, r1, 1)}
         assert fired_at - d["last_progress_ts"] <= timeout + 2 * INTERVAL
         assert not [e for e in notes.events if e.finding.key.startswith("gpu.stall")]
+        series = scrape(daemon)
+        name = f"torchrun-{launcher.pid}"
+        for rank in ("0", "1"):
+            labels = {"run": name, "train_job": name, "rank": rank}
+            assert series[("trainguard_run_progress_timeout_seconds", frozenset(labels.items()))] == timeout
+            assert series[("trainguard_run_last_progress_timestamp_seconds", frozenset(labels.items()))] == \
+                d["last_progress_ts"]
+        [shown] = daemon.readings.runs
+        assert shown.verdict == "hung" and shown.timeout_s == timeout
         train(daemon, clock, r0, out / "rank0.log", 1)
         assert [e.status for e in notes.events if e.finding.key.startswith("train.hang:")][-1] is AlertStatus.RESOLVED
     finally:

@@ -303,6 +303,8 @@ class RunSample:
     name: str  # short and readable, for the alert key: "torchrun-4121", "slurm-123456"
     ranks: tuple[RankSample, ...]
     owner: Mapping[str, Any] = field(default_factory=dict, compare=False)  # sources.owner.Owner.to_dict()
+    # The job across hosts: "slurm-<id>", torchrun's rendezvous id (TORCHELASTIC_RUN_ID), else the name.
+    job: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,8 +22,7 @@ from trainguard.records import Finding, GpuSample, RunEnd, RunSample, Severity
 from trainguard.store.progress import Cadence
 from trainguard.units import format_duration
 
-HANG_PREFIX = "train.hang:"
-EXIT_PREFIX = "train.exit:"
+HANG_PREFIX = "train.hang:"  # the hang's key prefix, for those who pick its findings out (the diagnosis)
 SPIN_UTIL = 0.9
 IDLE_UTIL = 0.05
 SPIN_POWER_OF_LEARNED = 0.5  # below half its training power, a busy GPU is spinning
@@ -31,6 +30,14 @@ SPIN_POWER_OF_LIMIT = 0.3  # without a learned level: below 30 % of its power li
 OWNER_LABELS = {"container_id": "container", "namespace": "namespace", "pod": "pod", "slurm_job": "slurm_job"}
 HANG_HINT = ("find the rank that holds the others (its stack: py-spy dump --pid PID); check its mount or disk; "
              "rerun with NCCL_DEBUG=WARN and TORCH_NCCL_TRACE_BUFFER_SIZE set for the flight recorder")
+
+
+def hang_key(run: str) -> str:
+    return f"train.hang:{run}"  # HANG_PREFIX + run, spelled out where the kind is read from the code
+
+
+def exit_key(run: str) -> str:
+    return f"train.exit:{run}"
 
 
 def timeout_of(cfg: Progress, c: Cadence) -> tuple[float, float]:
@@ -114,7 +121,7 @@ def detect_hangs(cfg: Progress, runs: Sequence[RunSample], cadences: Mapping[str
 def hang_finding(run: RunSample, c: Cadence, verdict: str, silent: float, timeout: float) -> Finding:
     gpus = _gpus_of(run)
     return Finding(
-        key=HANG_PREFIX + run.name,
+        key=hang_key(run.name),
         severity=Severity.CRITICAL,
         summary=(f"training run {run.name} has made no progress for {format_duration(silent)} "
                  f"(timeout {format_duration(timeout)}; GPUs {verdict})"),
@@ -132,7 +139,7 @@ def hang_finding(run: RunSample, c: Cadence, verdict: str, silent: float, timeou
 def detect_exits(ended: Iterable[RunEnd]) -> list[Finding]:
     """A run that ended with an error it printed: not a hang, but worth a look."""
     return [Finding(
-        key=EXIT_PREFIX + e.name,
+        key=exit_key(e.name),
         severity=Severity.WARNING,
         summary=f"training run {e.name} ended with an error: {e.error}",
         details={"run": e.name, "run_id": e.run_id, "ended_ts": e.ts, "error": e.error,
@@ -179,4 +186,4 @@ def train_progress(inp: Any) -> list[Finding]:
             + detect_exits(snap.ended_runs))
 
 
-PROGRESS_DETECTORS = {"train.progress": train_progress}
+PROGRESS_DETECTORS = {"progress": train_progress}  # makes train.hang and train.exit

@@ -43,7 +43,7 @@ from trainguard.store.history import History
 from trainguard.store.progress import ProgressBook
 from trainguard.store.state import StateDb, choose_state_dir
 from trainguard.store.writes import WriteHealth, unwritable_finding
-from trainguard.surfaces.readings import Readings
+from trainguard.surfaces.readings import Readings, run_progress
 from trainguard.surfaces.server import MetricsServer
 
 log = logging.getLogger(__name__)
@@ -178,6 +178,8 @@ class Daemon:
             fill_eta=result.fill_eta, firing=firing,
             findings=result.findings, cleanup_freed=self._cleanup_freed(),
             notify_failures=self._notify_failures(),
+            runs=run_progress(result.snapshot.runs, self.progress.cadences, self.config.progress, now,
+                              hung=(f.details.get("run") for f in result.findings if f.kind == "train.hang")),
         )
 
     def _cleanup_freed(self) -> dict[str, int] | None:

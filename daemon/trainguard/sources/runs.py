@@ -28,6 +28,7 @@ MAX_DEPTH = 8  # ancestors looked at for a launcher
 END_TAIL = 32768  # bytes of a gone run's stdout/stderr read for its error (4 ranks' tracebacks)
 END_HOLD = 3600.0  # an ended run is reported this long
 RANK_KEYS = ("RANK", "LOCAL_RANK")
+ELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"  # torchrun's rendezvous id: the same on every node of one job
 _RAISED = re.compile(r"\b[A-Za-z_][\w.]*(?:Error|Exception): \S")  # "RuntimeError: loss is nan"
 _ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?\brank\s*:\s*(\d+)", re.DOTALL)
 FAILURE_WORDS = ("ChildFailedError", "Killed", "Segmentation fault")
@@ -154,8 +155,14 @@ class RunSampler:
             ranks = [r for pid in sorted(set(pids))[:MAX_RANKS]
                      if (r := self._rank(pid, on_gpu.get(pid, ()), beats.get(pid, 0), stats)) is not None]
             if ranks:
-                runs.append(RunSample(run_id, name, tuple(ranks), owner))
+                runs.append(RunSample(run_id, name, tuple(ranks), owner, self._job(owner, ranks[0].pid, name)))
         return tuple(runs)
+
+    def _job(self, owner: Mapping[str, object], pid: int, name: str) -> str:
+        if owner.get("slurm_job"):
+            return f"slurm-{owner['slurm_job']}"
+        env, _complete = read_environ(self.proc_root, pid, (ELASTIC_RUN_ID,))
+        return env.get(ELASTIC_RUN_ID) or name
 
     def _stat(self, pid: int, cache: dict[int, Stat]) -> Stat | None:
         if pid not in cache:
