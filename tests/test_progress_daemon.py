@@ -14,6 +14,8 @@ from trainguard import config as configmod
 from trainguard.records import AlertStatus
 from trainguard.service.daemon import Daemon
 from trainguard.surfaces.exporter import ReadingsCollector
+from trainguard.surfaces.status import build
+from trainguard.surfaces.status_text import render_text
 
 from tests.gpu_support import FakeClock, GiB, fake_pynvml, gpu_spec
 from tests.support.launcher import launch
@@ -160,3 +162,10 @@ def test_a_long_evaluation_at_training_power_is_no_alert_and_a_restart_keeps_the
         assert notes.firing("train.") == []
     finally:
         again.close()
+    doc = build(config(tmp_path).config, state_dir=state, clock=clock, nvml=nvml)  # `trainguard status`
+    [shown] = doc["runs"]
+    assert shown["run"] == run.name and shown["verdict"] == "progressing" and shown["normal_gap_s"] == 310.0
+    assert sorted((r["rank"], r["pid"]) for r in shown["ranks"]) == [(0, r0), (1, r1)]
+    assert shown["silent_for_s"] == 400.0 and shown["timeout_s"] == pytest.approx(930.0, abs=0.2)
+    text = render_text(doc, "zh")
+    assert run.name in text and "有进展" in text and "15m" in text

@@ -127,6 +127,21 @@ def from_json(text: str) -> Cadence:
     )
 
 
+def read(conn: sqlite3.Connection, now: float) -> dict[str, Cadence]:
+    """The cadences as last saved (none older than KEEP); a malformed row is skipped."""
+    try:
+        rows = conn.execute("SELECT run, state FROM run_progress WHERE seen >= ?", (now - KEEP,)).fetchall()
+    except sqlite3.OperationalError:
+        return {}  # a database without the table (an older version wrote it)
+    out = {}
+    for run_id, state in rows:
+        try:
+            out[run_id] = from_json(state)
+        except (ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
 class ProgressBook:
     """The cadences of the runs seen, in memory and in the run_progress table."""
 
@@ -138,16 +153,7 @@ class ProgressBook:
 
     def load(self, now: float) -> dict[str, Cadence]:
         """The cadences as last saved; a malformed row is skipped (and overwritten when the run comes back)."""
-        try:
-            rows = self.conn.execute("SELECT run, seen, state FROM run_progress WHERE seen >= ?",
-                                     (now - KEEP,)).fetchall()
-        except sqlite3.OperationalError:
-            rows = []
-        for run_id, _seen, state in rows:
-            try:
-                self.cadences[run_id] = from_json(state)
-            except (ValueError, KeyError, TypeError):
-                continue
+        self.cadences.update(read(self.conn, now))
         return dict(self.cadences)
 
     def update(self, runs: Iterable[RunSample], gpus: Iterable[GpuSample], now: float,
