@@ -115,7 +115,8 @@ class Daemon:
     def cycle(self) -> CycleResult:
         started = self.clock.monotonic()
         now = self.clock.time()
-        snapshot = self.samplers.sample(now)
+        guard_findings = self.guard_inbox.drain()  # first: its progress heartbeats are this cycle's marks
+        snapshot = self.samplers.sample(now, heartbeats=self.guard_inbox.steps)
         if self.cleanup is not None:
             self.cleanup.submit(snapshot)  # never blocks: the worker thread decides and scans
         if self.mirror is not None:  # never blocks either: the mirror threads copy, the cycle reads their states
@@ -142,7 +143,7 @@ class Daemon:
             self.cleanup.settle()  # one cycle is its cleanup too: every due policy run, reported here
         reports = self.cleanup.drain() if self.cleanup is not None else []
         events = self.cleanup_notes.join(self.lifecycle.update(findings, now), reports, now)
-        events += [AlertEvent(AlertStatus.FIRING, f, started_at=now, ts=now) for f in self.guard_inbox.drain()]
+        events += [AlertEvent(AlertStatus.FIRING, f, started_at=now, ts=now) for f in guard_findings]
         events += self._late_diagnoses(findings, events, now)
         for notifier in self.notifiers:
             try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from trainguard import config as configmod
@@ -50,7 +51,8 @@ class Samplers:
             runs=RunSampler(cfg.general.proc_root) if cfg.progress.enabled else None,
         )
 
-    def sample(self, now: float) -> Snapshot:
+    def sample(self, now: float, heartbeats: Mapping[int, int] | None = None) -> Snapshot:
+        """heartbeats: pid -> the last step trainguard.guard.progress() reported (a run's progress too)."""
         filesystems, missing = self.fs.sample()
         if self.gpu is not None:
             reading = self.gpu.sample()
@@ -60,7 +62,7 @@ class Samplers:
         runs, ended = (), ()
         if self.runs is not None:
             local = local_paths((s.mount.mount_point, s.mount.kind) for s in filesystems)
-            runs, ended = self.runs.sample(now, gpus, local=local)
+            runs, ended = self.runs.sample(now, gpus, heartbeats, local=local)
         return Snapshot(ts=now, filesystems=tuple(filesystems), disks=tuple(self.disks.sample()),
                         missing_paths=tuple(missing), gpus=gpus, gpu_status=gpu_status,
                         log_matches=self.logs.recent(now) if self.logs is not None else (),
