@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import sqlite3
 
 import pytest
 from hypothesis import given, settings
@@ -120,6 +121,18 @@ def test_before_the_first_progress_the_startup_grace_counts_from_first_sight():
     assert detect_hangs(cfg, [run], {run.run_id: c}, idle, T0 + 601)
 
 
+def test_the_silence_of_a_hang_is_not_learned_as_a_normal_gap():
+    book = ProgressBook(sqlite3.connect(":memory:"))
+    book.update([run_at(0)], [], T0, max_step=30)
+    book.update([run_at(1)], [], T0 + 10, max_step=30)
+    for i in range(2, 60):  # 10 minutes silent, alerted as hung
+        book.update([run_at(1)], [], T0 + 10 * i, max_step=30, hung=["torchrun-4121"])
+    [c] = book.update([run_at(2)], [], T0 + 600, max_step=30, hung=["torchrun-4121"]).values()
+    assert c.gaps == () and c.last_progress == T0 + 600  # the next hang is caught as fast as this one
+    [c] = book.update([run_at(3)], [], T0 + 610, max_step=30).values()
+    assert c.gaps == (10.0,)
+
+
 def test_a_gap_across_a_daemon_that_was_away_is_not_learned():
     c = advance(None, run_at(0), {}, T0, max_step=30)
     c = advance(c, run_at(1), {}, T0 + 10, max_step=30)
@@ -208,8 +221,6 @@ def test_a_run_that_ended_with_an_error_is_an_exit_warning_and_a_clean_end_is_no
 
 
 def test_the_cadence_survives_a_restart_through_the_state_db(tmp_path):
-    import sqlite3
-
     db = tmp_path / "state.db"
     book = ProgressBook(sqlite3.connect(db))
     c = drive([T0 + 10 * i for i in range(6)] + [T0 + 650], cycle=10.0)

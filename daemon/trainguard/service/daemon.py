@@ -21,7 +21,7 @@ from trainguard.alerts.lifecycle import Lifecycle
 from trainguard.clock import Clock, SystemClock
 from trainguard.detectors import DetectorInput, evaluate
 from trainguard.detectors.follow import learned, seeded
-from trainguard.detectors.progress import fold_stalls
+from trainguard.detectors.progress import HANG_PREFIX, fold_stalls
 from trainguard.detectors.series import series_of
 from trainguard.notify import LogNotifier, Notifier
 from trainguard.notify.outbox import failed_attempts
@@ -125,7 +125,8 @@ class Daemon:
         self.writes.attempt("history", self.history.record, now, series_of(snapshot))
         watched = {s.mount.mount_point for s in snapshot.filesystems}
         self.fits = {mp: f for mp, f in self.fits.items() if mp in watched}  # mounts that went away
-        cadences = self.progress.update(snapshot.runs, snapshot.gpus, now, max_step=3 * self.cycle_interval())
+        hung = [k.removeprefix(HANG_PREFIX) for k in self.lifecycle.active if k.startswith(HANG_PREFIX)]
+        cadences = self.progress.update(snapshot.runs, snapshot.gpus, now, max_step=3 * self.cycle_interval(), hung=hung)
         self.writes.attempt("progress", self.progress.save, now)
         inp = DetectorInput(self.config, self.history, snapshot, now, self.lifecycle.active, fits=self.fits,
                             progress=cadences)

@@ -77,9 +77,10 @@ def learn_gap(c: Cadence, gap: float, now: float) -> Cadence:
 
 
 def advance(prev: Cadence | None, run: RunSample, gpus: Mapping[int, GpuSample], now: float,
-            max_step: float) -> Cadence:
+            max_step: float, learn: bool = True) -> Cadence:
     """The run's cadence after this cycle. A rank whose mark changed made progress; a gap is learned
-    only when the cycle before was seen within max_step (a daemon that was away knows no gap)."""
+    only when the cycle before was seen within max_step (a daemon that was away knows no gap), and not
+    when `learn` is off (the gap was a hang: learned, it would hide the next one)."""
     c = prev or Cadence(run.run_id, run.name, first_seen=now, last_seen=now)
     before = {r.pid: r for r in c.ranks}
     ranks, progressed, cpu_moved = [], False, False
@@ -91,7 +92,7 @@ def advance(prev: Cadence | None, run: RunSample, gpus: Mapping[int, GpuSample],
         ranks.append(RankMark(r.pid, r.mark, r.cpu_s, now if moved else (old.last_progress if old else None)))
     c = replace(c, name=run.name, ranks=tuple(ranks), cpu_moved=cpu_moved)
     if progressed:
-        if c.last_progress is not None and now - c.last_seen <= max_step:
+        if learn and c.last_progress is not None and now - c.last_seen <= max_step:
             c = learn_gap(c, now - c.last_progress, now)
         c = replace(c, last_progress=now, power=_learn_power(c.power, run, gpus))
     return replace(c, last_seen=now)
@@ -157,10 +158,13 @@ class ProgressBook:
         return dict(self.cadences)
 
     def update(self, runs: Iterable[RunSample], gpus: Iterable[GpuSample], now: float,
-               max_step: float) -> dict[str, Cadence]:
+               max_step: float, hung: Iterable[str] = ()) -> dict[str, Cadence]:
+        """hung: the names of the runs whose hang alert is active: their silence is not a gap to learn."""
         by_index = {g.index: g for g in gpus}
+        hung = set(hung)
         for run in runs:
-            self.cadences[run.run_id] = advance(self.cadences.get(run.run_id), run, by_index, now, max_step)
+            self.cadences[run.run_id] = advance(self.cadences.get(run.run_id), run, by_index, now, max_step,
+                                                learn=run.name not in hung)
         old = sorted(self.cadences.values(), key=lambda c: c.last_seen, reverse=True)
         self.cadences = {c.run_id: c for c in old[:MAX_RUNS] if now - c.last_seen < KEEP}
         return dict(self.cadences)
