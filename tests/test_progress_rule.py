@@ -17,7 +17,6 @@ from trainguard.detectors.progress import (
     detect_exits,
     detect_hangs,
     fold_stalls,
-    gpu_state,
     timeout_of,
 )
 from trainguard.records import (
@@ -34,6 +33,7 @@ from trainguard.store.progress import (
     ProgressBook,
     advance,
     from_json,
+    gpu_state,
     to_json,
 )
 
@@ -105,11 +105,43 @@ def test_a_run_is_called_hung_exactly_past_its_timeout(gaps):
     cfg = progress_cfg()
     c = drive(times)
     timeout, since = reference_timeout(times, cfg.factor, cfg.min_silence, cfg.startup_grace)
-    idle = [gpu(0.0, 60.0)]
-    run = run_at(len(times))
-    assert detect_hangs(cfg, [run], {run.run_id: c}, idle, since + timeout - 1e-6) == []
-    [hang] = detect_hangs(cfg, [run], {run.run_id: c}, idle, since + timeout + 1e-3)
+    run = run_at(len(times), gpus=(), blocked=1)  # no GPU data: judged by every gap (mode "all")
+    assert detect_hangs(cfg, [run], {run.run_id: c}, [], since + timeout - 1e-6) == []
+    [hang] = detect_hangs(cfg, [run], {run.run_id: c}, [], since + timeout + 1e-3)
     assert hang.key == HANG_PREFIX + "torchrun-4121" and hang.severity is Severity.CRITICAL
+
+
+def test_a_spin_is_judged_by_past_spins_not_by_long_evaluations():
+    """Evaluations of 20 minutes at training power teach the computing mode a 20-minute gap; a collective
+    that spins after them is still called at the floor; an idle silence is judged by every gap."""
+    cfg = progress_cfg(min_silence="5m")
+    computing, idle, spinning = {0: gpu(0.95, 300.0)}, {0: gpu(0.0, 60.0)}, {0: gpu(1.0, 70.0)}
+    c, t, mark = None, T0, 0
+
+    def cycle(gpus, progressed: bool):
+        nonlocal c, t, mark
+        t += 10.0
+        mark += progressed
+        c = advance(c, run_at(mark), gpus, t, max_step=30)
+
+    for _ in range(3):
+        for _ in range(30):
+            cycle(computing, True)
+        for _ in range(120):  # a 20-minute evaluation: no progress, GPU computing
+            cycle(computing, False)
+        cycle(computing, True)
+        for _ in range(48):  # an 8-minute checkpoint save: no progress, GPU idle
+            cycle(idle, False)
+        cycle(computing, True)
+    assert c.normal_gap("computing") == pytest.approx(1210.0, rel=1e-2)
+    assert c.normal_gap("idle") == pytest.approx(490.0, rel=1e-3)
+    assert c.normal_gap("spinning") == 0.0 and c.normal_gap() == pytest.approx(1210.0, rel=1e-2)
+    run, last = run_at(mark), t
+    assert detect_hangs(cfg, [run], {run.run_id: c}, list(spinning.values()), last + 300) == []
+    [hang] = detect_hangs(cfg, [run], {run.run_id: c}, list(spinning.values()), last + 301)
+    assert hang.details["timeout_s"] == 300.0 and hang.details["gpu_evidence"] == "spinning"
+    assert detect_hangs(cfg, [run], {run.run_id: c}, list(idle.values()), last + 3 * 1200) == []
+    assert detect_hangs(cfg, [run], {run.run_id: c}, list(idle.values()), last + 3 * 1210)
 
 
 def test_before_the_first_progress_the_startup_grace_counts_from_first_sight():

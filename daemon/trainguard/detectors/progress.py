@@ -3,10 +3,11 @@ ended with an error (train.exit).
 
 Pure functions of ([progress] config, the runs and their learned cadences, the GPUs, now). The rule:
 a run is silent for longer than max(min_silence, factor x its longest normal gap), or, before its first
-progress event, than startup_grace. Silence alone is not the verdict. A rank whose main thread is
-blocked in I/O agrees, whatever the GPU shows (a checkpoint write to a hung share). Else the GPUs must:
-"spinning" (busy at >= SPIN_UTIL with power far below the GPU's own training level: a collective that
-waits), "idle" (<= IDLE_UTIL). A GPU that computes at its training power means a long evaluation that
+progress event, than startup_grace. A silence with spinning GPUs is judged by the spinning silences the
+run has had (store.progress learns gaps per mode), not by its long evaluations. Silence alone
+is not the verdict. A rank whose main thread is blocked in I/O agrees, whatever the GPU shows (a
+checkpoint write to a hung share). Else the GPUs must: "spinning" (busy with power far below the GPU's own
+training level: a collective that waits), "idle". A GPU that computes at its training power means a long evaluation that
 logs nothing: not hung. Without GPU data, a rank blocked in I/O ("blocked") or no CPU time used by
 any rank ("no_cpu") agrees. The alert resolves when progress resumes, the GPUs compute again, or the
 run ends.
@@ -19,14 +20,10 @@ from typing import Any
 
 from trainguard.config import Progress
 from trainguard.records import Finding, GpuSample, RunEnd, RunSample, Severity
-from trainguard.store.progress import Cadence
+from trainguard.store.progress import ALL, Cadence, run_gpu_states
 from trainguard.units import format_duration
 
 HANG_PREFIX = "train.hang:"  # the hang's key prefix, for those who pick its findings out (the diagnosis)
-SPIN_UTIL = 0.9
-IDLE_UTIL = 0.05
-SPIN_POWER_OF_LEARNED = 0.5  # below half its training power, a busy GPU is spinning
-SPIN_POWER_OF_LIMIT = 0.3  # without a learned level: below 30 % of its power limit
 OWNER_LABELS = {"container_id": "container", "namespace": "namespace", "pod": "pod", "slurm_job": "slurm_job"}
 HANG_HINT = ("find the rank that holds the others (its stack: py-spy dump --pid PID); check its mount or disk; "
              "rerun with NCCL_DEBUG=WARN and TORCH_NCCL_TRACE_BUFFER_SIZE set for the flight recorder")
@@ -40,34 +37,25 @@ def exit_key(run: str) -> str:
     return f"train.exit:{run}"
 
 
-def timeout_of(cfg: Progress, c: Cadence) -> tuple[float, float]:
-    """(timeout, the time silence is counted from): the learned rule, or the start-up grace."""
+def timeout_of(cfg: Progress, c: Cadence, mode: str = ALL) -> tuple[float, float]:
+    """(timeout, the time silence is counted from): the learned rule for the mode the silence is in
+    (ALL without GPU data), or the start-up grace before the first progress."""
     if c.last_progress is None:
         return cfg.startup_grace, c.first_seen
-    return max(cfg.min_silence, cfg.factor * c.normal_gap()), c.last_progress
+    return max(cfg.min_silence, cfg.factor * c.normal_gap(mode)), c.last_progress
 
 
-def gpu_state(g: GpuSample, learned_w: float | None) -> str | None:
-    """"spinning", "idle", "computing", or None without a utilisation reading."""
-    if g.lost or g.util_ratio is None:
-        return None
-    if g.util_ratio <= IDLE_UTIL:
-        return "idle"
-    if g.util_ratio >= SPIN_UTIL and g.power_w is not None:
-        if learned_w is not None:
-            low = g.power_w < SPIN_POWER_OF_LEARNED * learned_w
-        else:
-            low = bool(g.power_limit_w) and g.power_w < SPIN_POWER_OF_LIMIT * g.power_limit_w
-        if low:
-            return "spinning"
-    return "computing"
+def mode_of(verdict: str) -> str:
+    """The learned gaps a silence is judged by: a spin by past spins alone (a collective waiting minutes is
+    never routine, and long evaluations must not hide it); anything else by every gap (an idle silence
+    may be a save or data loading that the run has had in any mode)."""
+    return "spinning" if verdict == "spinning" else ALL
 
 
 def evidence(run: RunSample, c: Cadence, gpus: Mapping[int, GpuSample]) -> str | None:
     """What corroborates the silence ("spinning", "idle", "blocked", "no_cpu"), or None: not hung.
     A rank whose main thread is blocked in I/O queues no GPU work, whatever its GPU shows."""
-    states = [gpu_state(gpus[i], c.training_power(i)) for i in _gpus_of(run) if i in gpus]
-    states = [s for s in states if s is not None]
+    states = run_gpu_states(run, c, gpus)
     if states and "computing" not in states:
         return "spinning" if "spinning" in states else "idle"
     if any(r.main_blocked for r in run.ranks):
@@ -108,12 +96,12 @@ def detect_hangs(cfg: Progress, runs: Sequence[RunSample], cadences: Mapping[str
         c = cadences.get(run.run_id)
         if c is None:
             continue
-        timeout, since = timeout_of(cfg, c)
-        silent = now - since
-        if silent <= timeout:
-            continue
         verdict = evidence(run, c, by_index)
-        if verdict is not None:
+        if verdict is None:
+            continue
+        timeout, since = timeout_of(cfg, c, mode_of(verdict))
+        silent = now - since
+        if silent > timeout:
             findings.append(hang_finding(run, c, verdict, silent, timeout))
     return findings
 
@@ -127,7 +115,7 @@ def hang_finding(run: RunSample, c: Cadence, verdict: str, silent: float, timeou
                  f"(timeout {format_duration(timeout)}; GPUs {verdict})"),
         details={"run": run.name, "run_id": run.run_id, "ranks": _ranks(run, c), "gpu_evidence": verdict,
                  "silent_for_s": round(silent, 1), "timeout_s": round(timeout, 1),
-                 "last_progress_ts": c.last_progress, "normal_gap_s": round(c.normal_gap(), 1), "gpus": gpus,
+                 "last_progress_ts": c.last_progress, "normal_gap_s": round(c.normal_gap(mode_of(verdict)), 1), "gpus": gpus,
                  "owners": [dict(run.owner)] if run.owner else []},
         labels={"run": run.name, **owner_labels(run.owner)},
         value=silent,

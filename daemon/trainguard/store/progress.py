@@ -3,8 +3,11 @@
 A run makes progress in bursts of several kinds: steps every few seconds, an evaluation pass every
 few hundred steps, a checkpoint save every hour. What is normal for it is learned from the gaps between
 its progress events: the longest gap seen, decaying with a half-life of GAP_HALF_LIFE so a cadence the
-run left behind is forgotten slowly, while an hourly save keeps its gap refreshed. A restart in the
-middle of a run keeps it: without it, the next checkpoint save after a restart would look like a hang.
+run left behind is forgotten slowly, while an hourly save keeps its gap refreshed. The longest gap is
+kept per mode too, by what the run's GPUs did during the silence (MODES: computing in an evaluation, idle
+in a checkpoint save, spinning in a collective): a silence with spinning GPUs is then judged against the
+spinning silences the run has had, usually none, not against its 30-minute evaluations. A restart in the
+middle of a run keeps it all: without it, the next checkpoint save after a restart would look like a hang.
 Also learned, per GPU: the power it draws while the run progresses (a high quantile of recent samples),
 which tells a GPU that computes from one that spins in a collective.
 """
@@ -27,6 +30,12 @@ RECENT_GAPS = 32
 POWER_SAMPLES = 64
 POWER_QUANTILE = 0.9
 COMPUTING_UTIL = 0.5  # a power sample counts toward the training level at this utilisation or more
+ALL = "all"  # the mode every gap is learned in (a silence without GPU data is judged by it)
+MODES = ("computing", "idle", "spinning")
+SPIN_UTIL = 0.9
+IDLE_UTIL = 0.05
+SPIN_POWER_OF_LEARNED = 0.5  # below half its training power, a busy GPU is spinning
+SPIN_POWER_OF_LIMIT = 0.3  # without a learned level: below 30 % of its power limit
 SAVE_EVERY = 60.0  # seconds between saves of a run whose cadence did not change
 
 
@@ -45,18 +54,18 @@ class Cadence:
     first_seen: float
     last_seen: float
     last_progress: float | None = None  # None: no progress event seen yet (start-up)
-    longest_gap: float = 0.0  # the decayed longest normal gap, as of longest_at
-    longest_at: float = 0.0
+    longest: tuple[tuple[str, float, float], ...] = ()  # (mode, the decayed longest gap, as of when)
     gaps: tuple[float, ...] = ()  # the most recent gaps, oldest first
+    silence: tuple[str, ...] = ()  # the modes the GPUs were in since the last progress
     ranks: tuple[RankMark, ...] = ()
     power: tuple[tuple[int, tuple[float, ...]], ...] = ()  # GPU index -> recent power samples while progressing
     cpu_moved: bool = True  # did any rank use CPU time since the cycle before
 
-    def normal_gap(self) -> float:
-        """The longest normal gap as of the last progress event (fixed while the run is silent)."""
+    def normal_gap(self, mode: str = ALL) -> float:
+        """The longest normal gap of a mode as of the last progress event (fixed while the run is silent)."""
         if self.last_progress is None:
             return 0.0
-        return decayed(self.longest_gap, self.longest_at, self.last_progress)
+        return next((decayed(v, at, self.last_progress) for m, v, at in self.longest if m == mode), 0.0)
 
     def training_power(self, gpu: int) -> float | None:
         """The GPU's learned power while the run progresses (None until a few samples are in)."""
@@ -71,9 +80,44 @@ def decayed(value: float, at: float, now: float) -> float:
     return value * 0.5 ** (max(0.0, now - at) / GAP_HALF_LIFE)
 
 
-def learn_gap(c: Cadence, gap: float, now: float) -> Cadence:
-    longest = max(gap, decayed(c.longest_gap, c.longest_at, now))
-    return replace(c, longest_gap=longest, longest_at=now, gaps=(*c.gaps, gap)[-RECENT_GAPS:])
+def learn_gap(c: Cadence, gap: float, now: float, modes: tuple[str, ...]) -> Cadence:
+    """Learn the gap in ALL and in every mode the GPUs were in during it."""
+    learned = {m: (v, at) for m, v, at in c.longest}
+    for mode in (ALL, *modes):
+        v, at = learned.get(mode, (0.0, now))
+        learned[mode] = (max(gap, decayed(v, at, now)), now)
+    longest = tuple((m, *learned[m]) for m in (ALL, *MODES) if m in learned)
+    return replace(c, longest=longest, gaps=(*c.gaps, gap)[-RECENT_GAPS:])
+
+
+def gpu_state(g: GpuSample, learned_w: float | None) -> str | None:
+    """"spinning", "idle", "computing", or None without a utilisation reading."""
+    if g.lost or g.util_ratio is None:
+        return None
+    if g.util_ratio <= IDLE_UTIL:
+        return "idle"
+    if g.util_ratio >= SPIN_UTIL and g.power_w is not None:
+        if learned_w is not None:
+            low = g.power_w < SPIN_POWER_OF_LEARNED * learned_w
+        else:
+            low = bool(g.power_limit_w) and g.power_w < SPIN_POWER_OF_LIMIT * g.power_limit_w
+        if low:
+            return "spinning"
+    return "computing"
+
+
+def run_gpu_states(run: RunSample, c: Cadence, gpus: Mapping[int, GpuSample]) -> list[str]:
+    """The state of each of the run's GPUs that reads (none without GPU data)."""
+    indices = sorted({i for r in run.ranks for i in r.gpus})
+    return [s for i in indices if i in gpus and (s := gpu_state(gpus[i], c.training_power(i))) is not None]
+
+
+def run_mode(states: list[str]) -> str | None:
+    """The run's mode from its GPUs' states: computing when any computes, else spinning when any spins."""
+    for mode in MODES:
+        if mode in states:
+            return mode
+    return None
 
 
 def advance(prev: Cadence | None, run: RunSample, gpus: Mapping[int, GpuSample], now: float,
@@ -90,11 +134,13 @@ def advance(prev: Cadence | None, run: RunSample, gpus: Mapping[int, GpuSample],
         progressed |= moved
         cpu_moved |= old is None or r.cpu_s > old.cpu_s
         ranks.append(RankMark(r.pid, r.mark, r.cpu_s, now if moved else (old.last_progress if old else None)))
-    c = replace(c, name=run.name, ranks=tuple(ranks), cpu_moved=cpu_moved)
+    mode = run_mode(run_gpu_states(run, c, gpus))
+    silence = tuple(m for m in MODES if m in c.silence or m == mode)
+    c = replace(c, name=run.name, ranks=tuple(ranks), cpu_moved=cpu_moved, silence=silence)
     if progressed:
         if learn and c.last_progress is not None and now - c.last_seen <= max_step:
-            c = learn_gap(c, now - c.last_progress, now)
-        c = replace(c, last_progress=now, power=_learn_power(c.power, run, gpus))
+            c = learn_gap(c, now - c.last_progress, now, silence)
+        c = replace(c, last_progress=now, power=_learn_power(c.power, run, gpus), silence=())
     return replace(c, last_seen=now)
 
 
@@ -118,8 +164,9 @@ def from_json(text: str) -> Cadence:
     d = json.loads(text)
     return Cadence(
         str(d["run_id"]), str(d["name"]), float(d["first_seen"]), float(d["last_seen"]),
-        None if d.get("last_progress") is None else float(d["last_progress"]), float(d.get("longest_gap", 0.0)),
-        float(d.get("longest_at", 0.0)), tuple(float(g) for g in d.get("gaps", ())),
+        None if d.get("last_progress") is None else float(d["last_progress"]),
+        tuple((str(m), float(v), float(at)) for m, v, at in d.get("longest", ())),
+        tuple(float(g) for g in d.get("gaps", ())), tuple(str(m) for m in d.get("silence", ())),
         tuple(RankMark(int(r["pid"]), int(r["mark"]), float(r["cpu_s"]),
                        None if r.get("last_progress") is None else float(r["last_progress"]))
               for r in d.get("ranks", ())),
@@ -188,4 +235,4 @@ class ProgressBook:
 
 
 def _learned(c: Cadence) -> tuple:
-    return c.last_progress, c.longest_gap, tuple((r.pid, r.mark) for r in c.ranks)
+    return c.last_progress, c.longest, c.silence, tuple((r.pid, r.mark) for r in c.ranks)
