@@ -263,3 +263,16 @@ def test_the_cadence_survives_a_restart_through_the_state_db(tmp_path):
     assert from_json(to_json(c)) == c
     assert again[c.run_id].normal_gap() == c.normal_gap() == 600.0
     assert ProgressBook(sqlite3.connect(db)).load(T0 + 3 * 86400) == {}  # forgotten when long gone
+
+
+def test_a_malformed_row_is_named_once_and_skipped(tmp_path, caplog):
+    conn = sqlite3.connect(tmp_path / "state.db")
+    book = ProgressBook(conn)
+    c = drive([T0, T0 + 10], cycle=10.0)
+    book.cadences[c.run_id] = c
+    book.save(T0 + 10)
+    conn.execute("INSERT INTO run_progress(run, seen, state) VALUES ('9@9', ?, '{\"name\": 1')", (T0,))
+    conn.commit()
+    assert list(ProgressBook(conn).load(T0 + 20)) == [c.run_id]
+    assert [r.getMessage() for r in caplog.records] == [
+        "state db table run_progress: skipped 1 malformed row(s); those runs learn their cadence anew"]

@@ -15,11 +15,14 @@ which tells a GPU that computes from one that spins in a collective.
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 
 from trainguard.records import GpuSample, RunSample
+
+log = logging.getLogger(__name__)
 
 SCHEMA = """CREATE TABLE IF NOT EXISTS run_progress (
     run TEXT PRIMARY KEY, seen REAL NOT NULL, state TEXT NOT NULL) WITHOUT ROWID"""
@@ -181,12 +184,15 @@ def read(conn: sqlite3.Connection, now: float) -> dict[str, Cadence]:
         rows = conn.execute("SELECT run, state FROM run_progress WHERE seen >= ?", (now - KEEP,)).fetchall()
     except sqlite3.OperationalError:
         return {}  # a database without the table (an older version wrote it)
-    out = {}
+    out, bad = {}, 0
     for run_id, state in rows:
         try:
             out[run_id] = from_json(state)
         except (ValueError, KeyError, TypeError):
-            continue
+            bad += 1  # relearned when the run comes back
+    if bad:
+        log.warning("state db table run_progress: skipped %d malformed row(s); those runs learn their cadence anew",
+                    bad)
     return out
 
 
