@@ -12,7 +12,8 @@ the flock of `--loader-lock` for each one (a test holding it deadlocks the worke
 TensorBoard events (flushed each step) under DIR/tb, prints "step N" to its stdout, and saves a
 checkpoint to `--ckpt-dir` every `--ckpt-every` steps. Files steer it: `--start-file` (training starts
 once it exists: a slow start-up), `--eval-file` (while it exists: forward passes that log nothing),
-`--crash-file` (rank 0 raises). Each rank writes its PID to DIR/rankR.pid once it is up.
+`--crash-file` (rank 0 raises), `--save-file` (while it exists, rank 0 writes a checkpoint to `--save-to`
+chunk by chunk: a long save). Each rank writes its PID to DIR/rankR.pid once it is up.
 """
 
 from __future__ import annotations
@@ -52,6 +53,15 @@ class Locked(IterableDataset):
             yield torch.rand(4, 64)
 
 
+def slow_save(while_exists: Path, to: Path) -> None:
+    """A long checkpoint save: rank 0 writes chunk after chunk while the others wait in all_reduce."""
+    with open(to, "wb") as fh:
+        while while_exists.exists():
+            fh.write(os.urandom(1 << 16))
+            fh.flush()
+            time.sleep(0.05)
+
+
 def args_of() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
@@ -64,6 +74,8 @@ def args_of() -> argparse.Namespace:
     ap.add_argument("--start-file", type=Path)
     ap.add_argument("--eval-file", type=Path)
     ap.add_argument("--crash-file", type=Path)
+    ap.add_argument("--save-file", type=Path)
+    ap.add_argument("--save-to", type=Path)
     ap.add_argument("--single", action="store_true")
     ap.add_argument("--step-seconds", type=float, default=0.05)
     return ap.parse_args()
@@ -97,6 +109,8 @@ def main() -> None:
                 model(batch(fd, 0))  # evaluation: computes, logs nothing
             time.sleep(args.step_seconds)
             continue
+        if rank == 0 and args.save_file and args.save_file.exists():
+            slow_save(args.save_file, args.save_to)
         if rank == 0 and args.crash_file and args.crash_file.exists():
             raise RuntimeError(f"loss is nan at step {step}")
         x = next(loader) if loader is not None else batch(fd, step if rank == args.share_rank else 0)

@@ -4,8 +4,8 @@ says so once, naming the run and the rank that blocks.
 The job (gloo_trainer.py) really trains and really hangs: rank 2 reads its batches from a FUSE share
 (tests/support/slowfs) that stops answering, and ranks 0, 1, 3 wait for it in the gradients' all_reduce;
 a data-loader worker waits for a lock forever; a single process sits in D state writing a checkpoint to
-the share. And it really does what must raise nothing: a slow start-up, an evaluation pass, a daemon
-restart, a crash (train.exit, not a hang).
+the share. And it really does what must raise nothing: a slow start-up, an evaluation pass, a 5-minute
+checkpoint save while the other ranks spin, a daemon restart, a crash (train.exit, not a hang).
 The daemon runs in this process on a fake clock with fake NVML at its boundary (each rank on a GPU,
 computing at 300 W, then 100 % busy at 75 W: the spin of a collective that never completes): the
 minutes of silence are stepped over, the hang is not.
@@ -246,15 +246,20 @@ def test_a_single_process_in_d_state_on_a_checkpoint_write_is_caught_whatever_th
         job.stop()
 
 
-def test_start_up_evaluation_restart_and_a_crash_raise_no_hang(tmp_path):
-    start, evaluate, crash = tmp_path / "start", tmp_path / "eval", tmp_path / "crash"
-    job = GlooJob(tmp_path, "--start-file", str(start), "--eval-file", str(evaluate), "--crash-file", str(crash))
+def test_start_up_evaluation_save_restart_and_a_crash_raise_no_hang(tmp_path):
+    start, evaluate, crash, save = (tmp_path / name for name in ("start", "eval", "crash", "save"))
+    checkpoint = tmp_path / "run-ckpt.pt"
+    job = GlooJob(tmp_path, "--start-file", str(start), "--eval-file", str(evaluate), "--crash-file", str(crash),
+                  "--save-file", str(save), "--save-to", str(checkpoint))
     clock = FakeClock()
-    startup_cycles = 60  # 10 minutes before step 1, GPUs idle: within the 30-minute start-up grace
-    watch = Watch(tmp_path, nvml_for(job.pids, clock, [{"at": 0, "util": 0, "power_w": 60},
-                                                        {"at": startup_cycles * INTERVAL + 1, **TRAINING}]), clock)
+    startup = 60  # cycles: 10 minutes before step 1, GPUs idle, within the 30-minute start-up grace
+    save_at = (startup + TRAIN_CYCLES + 2 + 10 + 2) * INTERVAL  # the daemon's clock when the save starts
+    # During the 5-minute save the other ranks wait in all_reduce: their GPUs spin as in a real hang.
+    watch = Watch(tmp_path, nvml_for(job.pids, clock, [
+        {"at": 0, "util": 0, "power_w": 60}, {"at": startup * INTERVAL + 1, **TRAINING},
+        {"at": save_at + 1, "util": 100, "power_w": 75}, {"at": save_at + 30 * INTERVAL + 1, **TRAINING}]), clock)
     try:
-        for _ in range(startup_cycles):
+        for _ in range(startup):
             watch.cycle()
         start.write_text("")
         watch.train(job, TRAIN_CYCLES)
@@ -267,6 +272,15 @@ def test_start_up_evaluation_restart_and_a_crash_raise_no_hang(tmp_path):
         for _ in range(10):
             watch.cycle()
         evaluate.unlink()
+        watch.train(job, 2)
+        assert clock.now - watch.nvml.t0 == save_at
+        save.write_text("")
+        for _ in range(30):  # a 5-minute save: each cycle sees the checkpoint grow
+            size = checkpoint.stat().st_size if checkpoint.exists() else 0
+            wait_until(lambda size=size: checkpoint.exists() and checkpoint.stat().st_size > size, 30,
+                       what="the checkpoint to grow")
+            watch.cycle()
+        save.unlink()
         watch.train(job, 2)
         crash.write_text("")  # rank 0 raises; torchrun ends the others and exits
         assert job.launcher.wait(timeout=60) != 0
