@@ -166,6 +166,7 @@ def test_a_long_evaluation_at_training_power_is_no_alert_and_a_restart_keeps_the
     [shown] = doc["runs"]
     assert shown["run"] == run.name and shown["verdict"] == "progressing" and shown["normal_gap_s"] == 310.0
     assert sorted((r["rank"], r["pid"]) for r in shown["ranks"]) == [(0, r0), (1, r1)]
+    assert shown["last_progress_at"].endswith("+00:00")  # ISO 8601 UTC, as every time of the document
     assert shown["silent_for_s"] == 400.0 and shown["timeout_s"] == pytest.approx(930.0, abs=0.2)
     text = render_text(doc, "zh")
     assert run.name in text and "有进展" in text and "15m" in text

@@ -250,9 +250,9 @@ def runs_doc(inp: DetectorInput, findings: Sequence[Finding]) -> list[dict[str, 
 
 def run_doc(r: RunProgress, now: float) -> dict[str, Any]:
     return {"run": r.run, "train_job": r.job, "verdict": r.verdict, "timeout_s": round(r.timeout_s, 1),
-            "normal_gap_s": round(r.normal_gap_s, 1), "last_progress_ts": r.since,
+            "normal_gap_s": round(r.normal_gap_s, 1), "last_progress_at": format_iso_utc(r.since),
             "silent_for_s": round(now - r.since, 1), "owner": dict(r.owner),
-            "ranks": [{"rank": rank, "pid": pid, "last_progress_ts": ts} for rank, pid, ts in r.ranks]}
+            "ranks": [{"rank": rank, "pid": pid, "last_progress_at": format_iso_utc(ts)} for rank, pid, ts in r.ranks]}
 
 
 def cleanup_doc(conn: sqlite3.Connection | None, now: float) -> list[dict[str, Any]]:
