@@ -18,6 +18,7 @@ from trainguard.surfaces.status import build
 from trainguard.surfaces.status_text import render_text
 
 from tests.gpu_support import FakeClock, GiB, fake_pynvml, gpu_spec
+from tests.support import fake_daemon
 from tests.support.launcher import launch
 
 INTERVAL = 10.0
@@ -29,16 +30,7 @@ def launched(tmp_path):
         yield running
 
 
-class Recorder:
-    def __init__(self) -> None:
-        self.events = []
-
-    def notify(self, events) -> None:
-        self.events.extend(events)
-
-    def close(self) -> None:
-        pass
-
+class Recorder(fake_daemon.Recorder):
     def firing(self, prefix: str):
         return [e for e in self.events if e.status is AlertStatus.FIRING and e.finding.key.startswith(prefix)]
 

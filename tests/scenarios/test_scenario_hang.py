@@ -27,6 +27,7 @@ from trainguard.records import AlertStatus
 from trainguard.service.daemon import Daemon
 
 from tests.gpu_support import FakeClock, GiB, fake_pynvml, gpu_spec
+from tests.support import fake_daemon
 from tests.support.daemon_proc import child_env, wait_until
 
 pytestmark = [pytest.mark.fuse, pytest.mark.slow, pytest.mark.timeout(240)]
@@ -37,16 +38,7 @@ INTERVAL = 10.0
 MIN_SILENCE = 60.0
 
 
-class Recorder:
-    def __init__(self) -> None:
-        self.events = []
-
-    def notify(self, events) -> None:
-        self.events.extend(events)
-
-    def close(self) -> None:
-        pass
-
+class Recorder(fake_daemon.Recorder):
     def of(self, prefix: str, status: AlertStatus = AlertStatus.FIRING):
         return [e for e in self.events if e.status is status and e.finding.key.startswith(prefix)]
 
