@@ -26,6 +26,7 @@ from trainguard.records import (
     Snapshot,
 )
 from trainguard.surfaces.exporter import Readings, ReadingsCollector
+from trainguard.surfaces.readings import RunProgress
 
 from tests.support.daemon_proc import REPO
 
@@ -52,8 +53,9 @@ def exported_names() -> set[str]:
     stall = Finding("gpu.stall:0", Severity.CRITICAL, "x", details={"stalled_for_s": 1.0, "owners": [{"user": "alice"}]},
                     labels={"gpu": "0"})
     checkpoint = Finding("fs.next_checkpoint:/data", Severity.CRITICAL, "x")
+    run = RunProgress("torchrun-4121", "j1", {"user": "alice"}, 300.0, 1.0, 10.0, ((0, 4122, 1.0),))
     r = Readings(snap, 1.0, 0.1, fill_eta={"/data": 10.0}, findings=(stall, checkpoint), cleanup_freed={"p": 1},
-                 notify_failures={"t": 1})
+                 notify_failures={"t": 1}, runs=(run,))
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ReadingsCollector(lambda: r))
     text = generate_latest(registry).decode()
@@ -102,6 +104,8 @@ FLEET_RULES = {
     "gpu.xid": "TrainguardGpuXidCritical",
     "gpu.throttle": "TrainguardGpuThrottled",
     "mirror.lag": "TrainguardMirrorLagging",
+    "train.hang": "TrainguardTrainingJobHung",  # the daemon: one host's run; the fleet: every host of one job
+    "train.exit": None,  # a run that ended with an error: its own output says why, the daemon's alert quotes it
     "fs.error": None,  # statfs failing for another reason than a hang: one host's problem, no fleet-wide series
     "fs.path_missing": None,  # a watched path that does not exist: a mistake in one host's config
     "gpu.orphan": None,  # memory held by an exited or zombie process: one host's cleanup, in trainguard_findings

@@ -100,6 +100,19 @@ SAMPLES = {
         "files": ["/mnt/juicefs/team/runs/llama-70b/events.out.tfevents.1764740000.gpu3.4242.0",
                   "/mnt/juicefs/team/runs/llama-70b/train.log"],
         "categories": ["log", "tfevents"], "attribution": "nvml"}, labels={"mountpoint": "/mnt/juicefs", "gpu": "3"}),
+    "train.hang": Finding("train.hang:torchrun-4121", Severity.CRITICAL, "s", details={
+        "run": "torchrun-4121", "gpu_evidence": "spinning", "silent_for_s": 745.0, "timeout_s": 300.0,
+        "normal_gap_s": 42.0, "last_progress_ts": T0 - 745, "gpus": [0, 1, 2, 3],
+        "ranks": [{"rank": r, "pid": 4122 + r, "gpu": r, "last_progress_ts": T0 - 745, "cpu_s": 81.5}
+                  for r in range(4)],
+        "holder": {"rank": 2, "pid": 4124, "frame": "DataLoader.__next__", "file": "/root/autodl-fs/data/x.bin",
+                   "mount": "/root/autodl-fs"},
+        "waiting_ranks": [0, 1, 3], "collective": "all_reduce",
+        "stalls": [{"gpu": 2, "stalled_for_s": 600.0}]}, labels={"run": "torchrun-4121"}),
+    "train.exit": Finding("train.exit:torchrun-4121", Severity.WARNING, "s", details={
+        "run": "torchrun-4121", "run_id": "4121@99", "ended_ts": T0,
+        "error": "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: train.py FAILED"},
+        labels={"run": "torchrun-4121"}),
     "mirror.lag": Finding("mirror.lag:runs", Severity.WARNING, "s", details={
         "mirror": "runs", "dest": "/mnt/juicefs/team/runs", "lag_s": 1830.0, "pending_files": 14,
         "pending_bytes": 3 * GiB, "reason": "statfs timed out", "reason_kind": "unresponsive"},

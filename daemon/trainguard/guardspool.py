@@ -19,14 +19,15 @@ GUARD_EVENTS_FILE = "guard-events.jsonl"
 MAX_BYTES = 1 << 20  # with no daemon draining it, the spool stops growing here
 
 
-_FIELDS = ("ts", "kind", "path", "pid", "bytes", "avail", "reserve", "removed", "source", "message")
+_FIELDS = ("ts", "kind", "path", "pid", "bytes", "avail", "reserve", "removed", "source", "message", "step")
 
 
-class GuardEvent(namedtuple("GuardEvent", _FIELDS, defaults=(0, None, None, (), "save_checkpoint", ""))):
-    """One thing the in-trainer guard did: ts (wall time), kind ("saved", "fallback", "wont-fit",
+class GuardEvent(namedtuple("GuardEvent", _FIELDS, defaults=(0, None, None, (), "save_checkpoint", "", 0))):
+    """One thing the in-trainer guard did: ts (wall time), kind ("saved", "fallback", "wont-fit", "progress",
     "stopped"), path, pid, bytes (the checkpoint's size, or the estimate that did not fit), avail
     (df's Avail then), reserve, removed ((path, bytes) deleted by keep_last), source
-    ("save_checkpoint", "transformers", "lightning"), message.
+    ("save_checkpoint", "transformers", "lightning", "progress"), message; step: for kind "progress"
+    (a heartbeat from trainguard.guard.progress), the training step it reported.
 
     A plain named tuple (immutable), not a dataclass: the guard runs inside the trainer and imports
     neither dataclasses nor typing, which would cost more than the rest of it together."""
@@ -38,7 +39,7 @@ class GuardEvent(namedtuple("GuardEvent", _FIELDS, defaults=(0, None, None, (), 
 
         data = {"ts": self.ts, "kind": self.kind, "path": self.path, "pid": self.pid, "bytes": self.bytes,
                 "avail": self.avail, "reserve": self.reserve, "removed": [list(r) for r in self.removed],
-                "source": self.source, "message": self.message}
+                "source": self.source, "message": self.message, "step": self.step}
         return json.dumps(data, separators=(",", ":"))
 
     @classmethod
@@ -49,7 +50,7 @@ class GuardEvent(namedtuple("GuardEvent", _FIELDS, defaults=(0, None, None, (), 
         return cls(float(data["ts"]), str(data["kind"]), str(data["path"]), int(data["pid"]),
                    int(data.get("bytes") or 0), None if avail is None else int(avail),
                    None if reserve is None else int(reserve), removed, str(data.get("source") or ""),
-                   str(data.get("message") or ""))
+                   str(data.get("message") or ""), int(data.get("step") or 0))
 
 
 def append(spool: str, event: GuardEvent) -> str | None:

@@ -113,6 +113,8 @@ class Snapshot:
     log_matches: tuple["LogMatch", ...] = ()  # recent matches in watched training logs
     mirrors: tuple["MirrorState", ...] = ()  # the mirror worker's latest states (none configured: empty)
     checkpoints: tuple[CheckpointFact, ...] = ()  # newest checkpoint per checkpoints-policy root
+    runs: tuple[RunSample, ...] = ()  # training runs on this host and their progress marks
+    ended_runs: tuple[RunEnd, ...] = ()  # runs that ended recently, and how
 
     def disk_for(self, mount: Mount) -> DiskIo | None:
         for disk in self.disks:
@@ -275,6 +277,48 @@ class LogMatch:
     line: str
     pattern: str
     ts: float  # wall time the line was read
+
+
+# --- training runs ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RankSample:
+    """One process of a training run as seen this cycle. `mark` changes whenever the process made
+    visible progress (bytes written to storage, write positions of its open files, guard steps);
+    CPU time is only a liveness hint: a rank waiting in a collective may spin."""
+
+    pid: int
+    rank: int | None  # RANK (else LOCAL_RANK) from its environment
+    mark: int
+    cpu_s: float
+    blocked_threads: int = 0  # threads in D state or asleep in a filesystem wait
+    main_blocked: bool = False  # its main thread is one of them: it queues no GPU work, whatever the GPU shows
+    gpus: tuple[int, ...] = ()  # indices of the GPUs it has a context on
+    outputs: tuple[str, ...] = ()  # its stdout/stderr when they are files (a crash is read from them)
+
+
+@dataclass(frozen=True, slots=True)
+class RunSample:
+    """One training job on this host: a launcher's ranks, or a Slurm job, pod or container."""
+
+    run_id: str  # stable across daemon restarts: "<launcher pid>@<its start time>"
+    name: str  # short and readable, for the alert key: "torchrun-4121", "slurm-123456"
+    ranks: tuple[RankSample, ...]
+    owner: Mapping[str, Any] = field(default_factory=dict, compare=False)  # sources.owner.Owner.to_dict()
+    # The job across hosts: "slurm-<id>", torchrun's rendezvous id (TORCHELASTIC_RUN_ID), else the name.
+    job: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RunEnd:
+    """A run whose processes are all gone; `error` is the line that says it failed, "" for none seen."""
+
+    run_id: str
+    name: str
+    ts: float  # wall time it was first seen gone
+    error: str = ""
+    owner: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
 
 # --- mirror ---------------------------------------------------------------------

@@ -23,6 +23,7 @@ from trainguard.units import format_bytes
 log = logging.getLogger(__name__)
 
 POLICY = "guard"  # the audit log's policy column for what the guard did
+MAX_BEATING = 1024  # processes whose last heartbeat step is kept
 STALE_AFTER = 86400.0  # events older than this (spooled while no daemon ran) are audited, not alerted
 # The alert kinds the events become, f"guard.{event.kind}" (declared for the renderer check, docs/i18n.md).
 FINDING_KINDS = ("guard.wont-fit", "guard.stopped", "guard.fallback")
@@ -70,6 +71,8 @@ class GuardInbox:
         self.clock = clock
         self.audit_retention = audit_retention
         self._audit: AuditLog | None = None
+        # pid -> the last step a trainguard.guard.progress() heartbeat reported (the progress watchdog's)
+        self.steps: dict[int, int] = {}
 
     def drain(self) -> list[Finding]:
         try:
@@ -79,6 +82,12 @@ class GuardInbox:
             return []
         if bad:
             log.warning("%s: skipped %d malformed line(s)", self.spool, bad)
+        beats = [e for e in events if e.kind == "progress"]
+        for e in beats:
+            self.steps[e.pid] = e.step
+        if len(self.steps) > MAX_BEATING:  # the oldest processes first: they are the likeliest gone
+            self.steps = dict(list(self.steps.items())[-MAX_BEATING:])
+        events = [e for e in events if e.kind != "progress"]
         if not events:
             return []
         self._record(events)

@@ -36,6 +36,7 @@ from trainguard.config.loader import (
 )
 from trainguard.config.mirror import Mirror, mirrored_path
 from trainguard.config.notify import Notify, NotifyTarget
+from trainguard.config.progress import Progress
 from trainguard.config.storage import (
     DEFAULT_LOG_PATTERNS,
     Filesystems,
@@ -52,6 +53,6 @@ __all__ = [
     "DEFAULT_LOG_PATTERNS", "ENV_CONFIG", "ENV_PREFIX", "SECRET_KEYS", "AgePolicy", "Alerts", "CachePolicy",
     "CheckpointsPolicy", "CleanupPolicy", "Config", "ConfigError", "Filesystems", "Forecast", "General", "Gpu",
     "GpuOverride", "GpuRule", "History", "Io", "Loaded", "LogWatch", "LogsPolicy", "MaxDelete", "Metrics", "Mirror", "mirrored_path", "MountOverride",
-    "Notify", "NotifyTarget", "Strict", "ThrottleReason", "Thresholds", "dump", "env_overrides", "load", "parse",
+    "Notify", "NotifyTarget", "Progress", "Strict", "ThrottleReason", "Thresholds", "dump", "env_overrides", "load", "parse",
     "parse_listen", "read_toml", "read_web_config", "redact_url",
 ]

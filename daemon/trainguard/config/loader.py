@@ -26,6 +26,7 @@ from trainguard.config.general import Alerts, General, History, Metrics
 from trainguard.config.gpu import Gpu
 from trainguard.config.mirror import Mirrors
 from trainguard.config.notify import Notify
+from trainguard.config.progress import Progress
 from trainguard.config.storage import Filesystems, Forecast, Io, LogWatch
 from trainguard.redact import redact_url, scrub
 
@@ -53,6 +54,7 @@ class Config(Strict):
     history: History = History()
     notify: Notify = Notify()
     gpu: Gpu = Gpu()
+    progress: Progress = Progress()
     logs: list[LogWatch] = []
     cleanup: CleanupPolicies = DEFAULT_CLEANUP
     metrics: Metrics = Metrics()

@@ -30,6 +30,8 @@ class DetectorInput:
     # The fits carried from the previous cycle (mount point -> detectors.follow.Fit), owned by the
     # daemon: a trend is refitted only when a new sample can change it. Updated here as mounts are fitted.
     fits: dict = field(default_factory=dict, compare=False, repr=False)
+    # Each training run's learned cadence (run id -> store.progress.Cadence), after this cycle's marks.
+    progress: Mapping = field(default_factory=dict, compare=False, repr=False)
 
     def trend(self, sample: FsSample):
         """The mount's fill trend (detectors.forecast.Trend or None), fitted once per input."""
@@ -57,7 +59,7 @@ Detector = Callable[[DetectorInput], list[Finding]]
 
 
 def _registry() -> dict[str, Detector]:
-    from trainguard.detectors import checkpoint, filesystem, forecast, gpu, io, mirror
+    from trainguard.detectors import checkpoint, filesystem, forecast, gpu, io, mirror, progress
 
     return {
         "filesystem": filesystem.detect,
@@ -66,6 +68,7 @@ def _registry() -> dict[str, Detector]:
         "io": io.detect,
         "mirror": mirror.detect,
         **gpu.GPU_DETECTORS,
+        **progress.PROGRESS_DETECTORS,
     }
 
 

@@ -20,7 +20,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from trainguard.guard import save_checkpoint
+from trainguard.guard import progress, save_checkpoint
 from trainguard.guard.space import Reserve
 from trainguard.integrations.common import (
     GO,
@@ -40,6 +40,7 @@ class DiskGuard(Callback):
         self.stopped: Verdict | None = None  # why the run was stopped, once it was
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        progress(trainer.global_step, state_dir=self.state_dir)  # the progress watchdog's heartbeat
         self._check(trainer, pl_module)
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from trainguard.guard.heartbeat import progress
 from trainguard.guard.space import Reserve, list_checkpoints, tree_bytes
 from trainguard.integrations.common import (
     GO,
@@ -46,6 +47,7 @@ class DiskGuardCallback(TrainerCallback):
         self.stopped: Verdict | None = None  # why the run was stopped, once it was
 
     def on_step_end(self, args, state, control, **kwargs: Any):
+        progress(state.global_step, state_dir=self.state_dir)  # the progress watchdog's heartbeat
         return self._before_save(args, state, control, kwargs)
 
     def on_epoch_end(self, args, state, control, **kwargs: Any):

@@ -11,7 +11,7 @@ fails for every kind the code creates that has none (docs/i18n.md).
 from __future__ import annotations
 
 from trainguard.i18n import Gettext
-from trainguard.notify import texts_fs, texts_gpu, texts_ops  # noqa: F401  (each registers its renderers)
+from trainguard.notify import texts_fs, texts_gpu, texts_ops, texts_run  # noqa: F401  (each registers its renderers)
 from trainguard.notify.renderers import RENDERERS, Texts, plain
 from trainguard.records import Finding
 

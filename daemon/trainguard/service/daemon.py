@@ -21,6 +21,7 @@ from trainguard.alerts.lifecycle import Lifecycle
 from trainguard.clock import Clock, SystemClock
 from trainguard.detectors import DetectorInput, evaluate
 from trainguard.detectors.follow import learned, seeded
+from trainguard.detectors.progress import HANG_PREFIX, fold_stalls
 from trainguard.detectors.series import series_of
 from trainguard.notify import LogNotifier, Notifier
 from trainguard.notify.outbox import failed_attempts
@@ -39,9 +40,10 @@ from trainguard.sources.samplers import Samplers
 from trainguard.store.cycles import LearnedCycles, belongs, identity
 from trainguard.store.heartbeat import Heartbeat
 from trainguard.store.history import History
+from trainguard.store.progress import ProgressBook
 from trainguard.store.state import StateDb, choose_state_dir
 from trainguard.store.writes import WriteHealth, unwritable_finding
-from trainguard.surfaces.readings import Readings
+from trainguard.surfaces.readings import Readings, run_progress
 from trainguard.surfaces.server import MetricsServer
 
 log = logging.getLogger(__name__)
@@ -90,6 +92,9 @@ class Daemon:
         self.learned_cycles = LearnedCycles(self.db.connect())
         self.fits: dict = {mp: seeded(rows) for mp, rows in self.learned_cycles.load(now).items()}
         self.fit_fs = dict(self.learned_cycles.learned_on)  # mount -> the filesystem its trend was learned on
+        # Each training run's cadence, so a restart in the middle of a run keeps what it learned.
+        self.progress = ProgressBook(self.db.connect())
+        self.progress.load(now)
         # Swapped as a whole each cycle: a scrape reads one consistent, immutable reference.
         self.readings: Readings | None = None
         self.metrics: MetricsServer | None = None
@@ -111,7 +116,8 @@ class Daemon:
     def cycle(self) -> CycleResult:
         started = self.clock.monotonic()
         now = self.clock.time()
-        snapshot = self.samplers.sample(now)
+        guard_findings = self.guard_inbox.drain()  # first: its progress heartbeats are this cycle's marks
+        snapshot = self.samplers.sample(now, heartbeats=self.guard_inbox.steps)
         if self.cleanup is not None:
             self.cleanup.submit(snapshot)  # never blocks: the worker thread decides and scans
         if self.mirror is not None:  # never blocks either: the mirror threads copy, the cycle reads their states
@@ -119,8 +125,12 @@ class Daemon:
             snapshot = replace(snapshot, mirrors=self.mirror.states())
         self.writes.attempt("history", self.history.record, now, series_of(snapshot))
         self._carry_fits(snapshot)
-        inp = DetectorInput(self.config, self.history, snapshot, now, self.lifecycle.active, fits=self.fits)
-        findings = evaluate(inp)
+        hung = [k.removeprefix(HANG_PREFIX) for k in self.lifecycle.active if k.startswith(HANG_PREFIX)]
+        cadences = self.progress.update(snapshot.runs, snapshot.gpus, now, max_step=3 * self.cycle_interval(), hung=hung)
+        self.writes.attempt("progress", self.progress.save, now)
+        inp = DetectorInput(self.config, self.history, snapshot, now, self.lifecycle.active, fits=self.fits,
+                            progress=cadences)
+        findings = fold_stalls(evaluate(inp))  # a hang whose GPUs stall too is one alert
         for mp, fit in self.fits.items():
             self.writes.attempt("cycles", self.learned_cycles.save, mp, learned(fit), now,
                                 self.fit_fs.get(mp, ""))
@@ -135,7 +145,7 @@ class Daemon:
             self.cleanup.settle()  # one cycle is its cleanup too: every due policy run, reported here
         reports = self.cleanup.drain() if self.cleanup is not None else []
         events = self.cleanup_notes.join(self.lifecycle.update(findings, now), reports, now)
-        events += [AlertEvent(AlertStatus.FIRING, f, started_at=now, ts=now) for f in self.guard_inbox.drain()]
+        events += [AlertEvent(AlertStatus.FIRING, f, started_at=now, ts=now) for f in guard_findings]
         events += self._late_diagnoses(findings, events, now)
         for notifier in self.notifiers:
             try:
@@ -179,6 +189,8 @@ class Daemon:
             fill_eta=result.fill_eta, firing=firing,
             findings=result.findings, cleanup_freed=self._cleanup_freed(),
             notify_failures=self._notify_failures(),
+            runs=run_progress(result.snapshot.runs, self.progress.cadences, self.config.progress, now,
+                              hung=(f.details.get("run") for f in result.findings if f.kind == "train.hang")),
         )
 
     def _cleanup_freed(self) -> dict[str, int] | None:
@@ -339,7 +351,8 @@ class Daemon:
             except Exception:
                 log.exception("closing notifier %s failed", type(notifier).__name__)
         # Closing the connections checkpoints the WAL: the db file is complete on its own.
-        for conn in (self.history.conn, self.lifecycle.conn, self.heartbeat.conn, self.learned_cycles.conn):
+        for conn in (self.history.conn, self.lifecycle.conn, self.heartbeat.conn, self.learned_cycles.conn,
+                     self.progress.conn):
             if conn is not None:
                 conn.close()
         self.sd.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from trainguard import config as configmod
@@ -12,6 +13,7 @@ from trainguard.sources.diskstats import DiskstatsSampler
 from trainguard.sources.fs import FsSampler
 from trainguard.sources.gpu import GpuSampler, load_nvml
 from trainguard.sources.logwatch import LogWatcher
+from trainguard.sources.runs import RunSampler, local_paths
 
 
 def gpu_sampler(cfg: configmod.Config, clock: Clock, nvml=None) -> GpuSampler | None:
@@ -30,6 +32,7 @@ class Samplers:
     gpu: GpuSampler | None = None
     logs: LogWatcher | None = None
     checkpoints: CheckpointSampler | None = None
+    runs: RunSampler | None = None  # training runs and their progress marks ([progress] enabled)
 
     @classmethod
     def from_config(cls, cfg: configmod.Config, clock: Clock, *, nvml=None, follow_logs: bool = False) -> "Samplers":
@@ -45,19 +48,26 @@ class Samplers:
             gpu=gpu_sampler(cfg, clock, nvml),
             logs=logs,
             checkpoints=CheckpointSampler(cfg.cleanup) if cfg.forecast.next_checkpoint else None,
+            runs=RunSampler(cfg.general.proc_root) if cfg.progress.enabled else None,
         )
 
-    def sample(self, now: float) -> Snapshot:
+    def sample(self, now: float, heartbeats: Mapping[int, int] | None = None) -> Snapshot:
+        """heartbeats: pid -> the last step trainguard.guard.progress() reported (a run's progress too)."""
         filesystems, missing = self.fs.sample()
         if self.gpu is not None:
             reading = self.gpu.sample()
             gpus, gpu_status = reading.gpus, reading.status
         else:
             gpus, gpu_status = (), NvmlStatus(NvmlState.OFF, "GPU monitoring is disabled ([gpu] enabled = false)")
+        runs, ended = (), ()
+        if self.runs is not None:
+            local = local_paths((s.mount.mount_point, s.mount.kind) for s in filesystems)
+            runs, ended = self.runs.sample(now, gpus, heartbeats, local=local)
         return Snapshot(ts=now, filesystems=tuple(filesystems), disks=tuple(self.disks.sample()),
                         missing_paths=tuple(missing), gpus=gpus, gpu_status=gpu_status,
                         log_matches=self.logs.recent(now) if self.logs is not None else (),
-                        checkpoints=self.checkpoints.sample(now, filesystems) if self.checkpoints else ())
+                        checkpoints=self.checkpoints.sample(now, filesystems) if self.checkpoints else (),
+                        runs=runs, ended_runs=ended)
 
     def close(self) -> None:
         self.fs.close()

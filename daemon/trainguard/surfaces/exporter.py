@@ -21,6 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from trainguard import __version__
 from trainguard.records import Finding, Severity
 from trainguard.surfaces.gpu_metrics import gpu_families, gpu_stalls
+from trainguard.surfaces.run_metrics import run_families
 from trainguard.surfaces.readings import Readings
 
 __all__ = ["Readings", "ReadingsCollector", "finding_counts", "gpu_stalls"]
@@ -73,6 +74,7 @@ class ReadingsCollector:
         yield from self._alerts(readings)
         yield from self._counters(readings)
         yield from self._mirrors(readings)
+        yield from run_families(readings.runs)
 
     def _cycle(self, r: Readings) -> Iterator[Metric]:
         yield GaugeMetricFamily("trainguard_last_cycle_timestamp_seconds",

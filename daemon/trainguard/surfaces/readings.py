@@ -5,10 +5,46 @@ the metrics server imports, when it starts."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Any
 
-from trainguard.records import Finding, Snapshot
+from trainguard.config import Progress
+from trainguard.detectors.progress import timeout_of
+from trainguard.records import Finding, RunSample, Snapshot
+from trainguard.store.progress import Cadence
+
+
+@dataclass(frozen=True, slots=True)
+class RunProgress:
+    """One training run as /metrics and `status` show it."""
+
+    run: str
+    job: str
+    owner: Mapping[str, Any]
+    timeout_s: float
+    since: float  # the last progress, or (before any) when the run was first seen
+    normal_gap_s: float
+    ranks: tuple[tuple[int | None, int, float], ...]  # (rank, pid, its last progress or the run's `since`)
+    verdict: str = "progressing"  # "progressing", "starting", "silent", "hung"
+
+
+def run_progress(runs: Sequence[RunSample], cadences: Mapping[str, Cadence], cfg: Progress, now: float,
+                 hung: Iterable[str] = ()) -> tuple[RunProgress, ...]:
+    """The runs of this cycle with their learned timeouts (detectors.progress's rule)."""
+    hung = set(hung)
+    out = []
+    for run in runs:
+        c = cadences.get(run.run_id)
+        if c is None:
+            continue
+        timeout, since = timeout_of(cfg, c)
+        marks = {m.pid: m.last_progress for m in c.ranks}
+        verdict = ("hung" if run.name in hung else "starting" if c.last_progress is None
+                   else "silent" if now - since > timeout else "progressing")
+        out.append(RunProgress(run.name, run.job or run.name, dict(run.owner), timeout, since, c.normal_gap(),
+                               tuple((r.rank, r.pid, marks.get(r.pid) or since) for r in run.ranks), verdict))
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,3 +59,4 @@ class Readings:
     findings: tuple[Finding, ...] = ()
     cleanup_freed: Mapping[str, int] | None = None  # policy -> bytes freed since install; None: no cleanup
     notify_failures: Mapping[str, int] | None = None  # target -> failed deliveries; None: no outbox
+    runs: tuple[RunProgress, ...] = ()  # each training run's progress and timeout

@@ -22,8 +22,10 @@ from trainguard.diagnosis.stall import StallDiagnoser
 from trainguard.records import Finding, FsSample, GpuSample, Severity, Snapshot
 from trainguard.sources.diskstats import DiskstatsSampler
 from trainguard.sources.samplers import Samplers
-from trainguard.store import cycles, heartbeat, state
+from trainguard.store import cycles, heartbeat, progress, state
 from trainguard.store.history import History
+from trainguard.store.progress import Cadence
+from trainguard.surfaces.readings import RunProgress, run_progress
 from trainguard.units import format_iso_utc
 
 SCHEMA_VERSION = 1
@@ -201,7 +203,8 @@ def build(cfg: configmod.Config, *, state_dir: str | None = None, clock: Clock |
     used = used_history(conn, now)
     # The cleanup rhythms the daemon learned: the forecast here counts on them as the daemon's does.
     learned = cycles.same_filesystem(cycles.read_learned(conn, now), snapshot.filesystems) if conn is not None else {}
-    inp = DetectorInput(cfg, history, snapshot, now, active, fits={mp: seeded(rows) for mp, rows in learned.items()})
+    inp = DetectorInput(cfg, history, snapshot, now, active, fits={mp: seeded(rows) for mp, rows in learned.items()},
+                        progress=run_cadences(conn, snapshot, now))
     findings = evaluate(inp)
     diagnoser = StallDiagnoser(cfg.general.proc_root, py_spy=cfg.gpu.py_spy, clock=clock.time)
     findings = diagnoser.enrich(findings, snapshot, now)  # waits at most the diagnosis deadline
@@ -226,10 +229,31 @@ def build(cfg: configmod.Config, *, state_dir: str | None = None, clock: Clock |
     doc["cleanup"] = cleanup_doc(conn, now)
     doc["cleanup_loop"] = loop_doc()
     doc["outbox"] = outbox_doc(conn, cfg, now)
-    doc["mirrors"] = mirrors_doc(snapshot, cfg, now)
+    doc["mirrors"], doc["runs"] = mirrors_doc(snapshot, cfg, now), runs_doc(inp, findings)
     if conn is not None:
         conn.close()
     return doc
+
+
+def run_cadences(conn: sqlite3.Connection | None, snapshot: Snapshot, now: float) -> dict[str, Cadence]:
+    """Each run's cadence as the daemon saved it, with this sample's marks against its last ones."""
+    saved = progress.read(conn, now) if conn is not None else {}
+    gpus = {g.index: g for g in snapshot.gpus}
+    # max_step 0: a one-off sample learns no gap, it only says whether the marks moved since the daemon's.
+    return {r.run_id: progress.advance(saved.get(r.run_id), r, gpus, now, max_step=0.0) for r in snapshot.runs}
+
+
+def runs_doc(inp: DetectorInput, findings: Sequence[Finding]) -> list[dict[str, Any]]:
+    hung = [f.details.get("run") for f in findings if f.kind == "train.hang"]
+    runs = run_progress(inp.snapshot.runs, inp.progress, inp.config.progress, inp.now, hung)
+    return [run_doc(r, inp.now) for r in runs]
+
+
+def run_doc(r: RunProgress, now: float) -> dict[str, Any]:
+    return {"run": r.run, "train_job": r.job, "verdict": r.verdict, "timeout_s": round(r.timeout_s, 1),
+            "normal_gap_s": round(r.normal_gap_s, 1), "last_progress_at": format_iso_utc(r.since),
+            "silent_for_s": round(now - r.since, 1), "owner": dict(r.owner),
+            "ranks": [{"rank": rank, "pid": pid, "last_progress_at": format_iso_utc(ts)} for rank, pid, ts in r.ranks]}
 
 
 def cleanup_doc(conn: sqlite3.Connection | None, now: float) -> list[dict[str, Any]]:

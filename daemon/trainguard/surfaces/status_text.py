@@ -107,6 +107,23 @@ def _gpus(doc: dict[str, Any], _: Gettext) -> list[str]:
     return out
 
 
+RUN_VERDICTS = {"progressing": N_("progressing"), "starting": N_("starting"), "silent": N_("silent"),
+                "hung": N_("hung")}
+
+
+def _runs(doc: dict[str, Any], _: Gettext) -> list[str]:
+    """Each training run: its ranks, when it last progressed, its normal gap, timeout and verdict."""
+    if not doc.get("runs"):
+        return []
+    rows = [[_("RUN"), _("RANKS"), _("LAST PROGRESS"), _("NORMAL GAP"), _("TIMEOUT"), _("VERDICT")]]
+    for r in doc["runs"]:
+        ranks = ",".join(str(k["rank"]) for k in r["ranks"] if k["rank"] is not None) or str(len(r["ranks"]))
+        rows.append([r["run"], ranks, _("{age} ago").format(age=format_duration(r["silent_for_s"])),
+                     format_duration(r["normal_gap_s"]) if r["normal_gap_s"] else "-",
+                     format_duration(r["timeout_s"]), _(RUN_VERDICTS.get(r["verdict"], r["verdict"]))])
+    return ["", _table(rows)]
+
+
 def _verdict(g: dict[str, Any], _: Gettext) -> str:
     """The stall verdict said from the diagnosis facts in the reader's language (the English line without them)."""
     facts = (g.get("diagnosis") or {}).get("facts")
@@ -162,7 +179,7 @@ def render_text(doc: dict[str, Any], lang: str = "en") -> str:
     head = _("trainguard on {host} at {at}").format(host=doc["host"], at=_local(doc["generated_at"]))
     if not doc["daemon_state"]:
         head += _(" (no daemon history: trends need trainguard run)")
-    out = [head, ""] + _mounts(doc, _) + _gpus(doc, _) + [""] + _findings(doc, _, lang)
+    out = [head, ""] + _mounts(doc, _) + _gpus(doc, _) + _runs(doc, _) + [""] + _findings(doc, _, lang)
     if doc.get("cleanup"):
         out.append(_("Cleanup freed (last 24 h / total):"))
         out.extend(_("  {policy}: {day} / {total} ({files} files, last run {last})").format(
