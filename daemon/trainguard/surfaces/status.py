@@ -172,6 +172,15 @@ def _thresholds(cfg: configmod.Config, mount_point: str) -> dict[str, float]:
     return {"warning": t.warning, "critical": t.critical}
 
 
+def _detector_input(cfg: configmod.Config, conn: sqlite3.Connection | None, history: History, snapshot: Snapshot,
+                    now: float, active: dict) -> DetectorInput:
+    """What the detectors read, with what the daemon learned, counted on here as the daemon does: the
+    cleanup rhythms of the filesystem each mount shows now, and each run's cadence."""
+    learned = cycles.same_filesystem(cycles.read_learned(conn, now), snapshot.filesystems) if conn is not None else {}
+    return DetectorInput(cfg, history, snapshot, now, active, fits={mp: seeded(rows) for mp, rows in learned.items()},
+                         progress=run_cadences(conn, snapshot, now))
+
+
 def build(cfg: configmod.Config, *, state_dir: str | None = None, clock: Clock | None = None,
           nvml: Any = None, disks: DiskstatsSampler | None = None) -> dict[str, Any]:
     """Sample now and report. I/O rates need two diskstats readings: `disks` is a sampler the caller
@@ -201,10 +210,7 @@ def build(cfg: configmod.Config, *, state_dir: str | None = None, clock: Clock |
     history.record(now, series_of(snapshot))
     active = {s.key: s.severity for s in alert_states}
     used = used_history(conn, now)
-    # The cleanup rhythms the daemon learned: the forecast here counts on them as the daemon's does.
-    learned = cycles.same_filesystem(cycles.read_learned(conn, now), snapshot.filesystems) if conn is not None else {}
-    inp = DetectorInput(cfg, history, snapshot, now, active, fits={mp: seeded(rows) for mp, rows in learned.items()},
-                        progress=run_cadences(conn, snapshot, now))
+    inp = _detector_input(cfg, conn, history, snapshot, now, active)
     findings = evaluate(inp)
     diagnoser = StallDiagnoser(cfg.general.proc_root, py_spy=cfg.gpu.py_spy, clock=clock.time)
     findings = diagnoser.enrich(findings, snapshot, now)  # waits at most the diagnosis deadline
