@@ -11,6 +11,7 @@ import logging
 import math
 import os
 
+from trainguard.actions.cleanup.engine.bound import exceeds
 from trainguard.actions.cleanup.record.report import Tally
 from trainguard.actions.cleanup.safety import roots
 from trainguard.actions.cleanup.safety.roots import Root, UnsafeRoot
@@ -90,19 +91,11 @@ def max_delete_text(limit) -> str:
 def max_delete_guard(policy, files: int, nbytes: int) -> str:
     """Non-empty when a plain run's due entries exceed max_delete: then none of them is deleted."""
     limit = policy.max_delete
-    if limit is None or not limit.exceeded_by(files, nbytes):
+    if not exceeds(limit, files, nbytes):
         return ""
     guard = f"{files} files ({format_bytes(nbytes)}) would exceed max_delete {max_delete_text(limit)}"
     log.warning("cleanup %s: stopped, nothing deleted: %s", policy.name, guard)
     return guard
-
-
-def allowed(limit, tally: Tally) -> tuple[int, int]:
-    """(files, bytes) max_delete still allows this run, every root so far counted; -1: no bound."""
-    if limit is None:
-        return -1, -1
-    return (-1 if limit.files is None else max(0, limit.files - tally.files),
-            -1 if limit.bytes is None else max(0, limit.bytes - tally.bytes))
 
 
 def bounded_note(policy, done: tuple[int, int], needed: tuple[int, int], goal: tuple[str, float],
@@ -111,7 +104,7 @@ def bounded_note(policy, done: tuple[int, int], needed: tuple[int, int], goal: t
     done: what went, goal: ("low", ratio) or ("max_size", bytes)): what went, what is left to free,
     and the setting to raise."""
     limit = policy.max_delete
-    if limit is None or not limit.exceeded_by(*needed):
+    if limit is None or not exceeds(limit, *needed):
         return ""
     left = max(0, needed[1] - done[1])
     target = f"reach {goal[1]:.0%}" if goal[0] == "low" else f"get under max_size {format_bytes(int(goal[1]))}"

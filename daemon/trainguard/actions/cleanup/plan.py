@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from trainguard.actions.cleanup.engine import walker
+from trainguard.actions.cleanup.engine.bound import NO_LIMIT, Bound
 from trainguard.actions.cleanup.record.audit import AuditLog
 from trainguard.actions.cleanup.record.report import Tally
 from trainguard.actions.cleanup.safety.inuse import OpenFiles
@@ -70,6 +71,10 @@ class Ctx:
         if not self.dry_run and self.tools.audit is not None:
             self.tools.audit.record_files(self.policy.name, root.mount, parent, files, reason)
         self.tally.deleted_files(parent, files, reason)
+
+    def left(self, need: int = NO_LIMIT) -> Bound:
+        """What max_delete still allows this run, every root so far counted (need: a need's bytes)."""
+        return Bound.left(self.policy.max_delete, self.tally.files, self.tally.bytes, need)
 
     def before_delete(self, relpath: str) -> None:
         if self.tools.hook is not None:

@@ -21,7 +21,8 @@ from itertools import filterfalse
 
 from trainguard.actions.cleanup import selection as sel
 from trainguard.actions.cleanup.engine import agerules, ahead, walker
-from trainguard.actions.cleanup.engine.agerules import Bound, Rule
+from trainguard.actions.cleanup.engine.agerules import Rule
+from trainguard.actions.cleanup.engine.bound import Bound
 from trainguard.actions.cleanup.engine.cacheunits import CacheUnits
 from trainguard.actions.cleanup.engine.quarantine import PREFIX as PRIVATE
 from trainguard.actions.cleanup.guard import reached

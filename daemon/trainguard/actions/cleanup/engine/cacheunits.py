@@ -45,9 +45,8 @@ class CacheUnits:
             if self.listed:
                 self.gone_unit(lst, name, unit, age)
             return
-        max_files, max_bytes, need_bytes = self.bound
-        if ((max_files >= 0 and self.deleted + unit.files > max_files) or (max_bytes >= 0 and self.freed + unit.bytes > max_bytes)
-                or (need_bytes >= 0 and self.freed >= need_bytes)):
+        if (not self.bound.fits(self.deleted + unit.files, self.freed + unit.bytes)
+                or 0 <= self.bound.need_bytes <= self.freed):
             self.stopped = True
             return
         if self.held(path, unit):

@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 from trainguard.actions.cleanup.engine import walker
 from trainguard.actions.cleanup.engine.agepass import Pass
-from trainguard.actions.cleanup.engine.agerules import NO_LIMIT
+from trainguard.actions.cleanup.engine.bound import Bound
 from trainguard.actions.cleanup.engine.remembered import CHUNK, open_counted
 from trainguard.actions.cleanup.plan import Ctx, full_path
 
@@ -49,9 +49,8 @@ class Oldest:
     """The oldest entries a counting pass saw, within the bounds given (-1: none). need: the bytes the run
     must free, when it is known before the count (a watermark); None: keep all the bounds allow."""
 
-    def __init__(self, need: int | None, max_files: int = NO_LIMIT, max_bytes: int = NO_LIMIT,
-                 budget: int = BUDGET):
-        self.need, self.max_files, self.max_bytes, self.budget = need, max_files, max_bytes, budget
+    def __init__(self, need: int | None, bound: Bound, budget: int = BUDGET):
+        self.need, self.bound, self.budget = need, bound, budget
         self.heap: list[tuple[float, int, Entry]] = []  # (age, order seen, entry): the youngest on top
         self.dirs: list[tuple[str, str, os.stat_result]] = []  # (relpath, name in parent, lstat), as counted
         self.files = self.bytes = self.memory = 0
@@ -82,7 +81,7 @@ class Oldest:
         heap = self.heap
         while heap:
             top = heap[0][2]
-            if not (self.memory > self.budget or 0 <= self.max_files < self.files or 0 <= self.max_bytes < self.bytes
+            if not (self.memory > self.budget or not self.bound.fits(self.files, self.bytes)
                     or (self.need is not None and self.bytes - top.bytes >= self.need)):
                 return
             heapq.heappop(heap)
@@ -148,10 +147,8 @@ def delete(p: Pass, dirs: list[tuple[str, str, os.stat_result]], entries: list[E
 
 def _list(ctx: Ctx, p: Pass, dirs, entries: list[Entry]) -> None:
     """A dry run: each chosen entry, as a run would delete it, within max_delete."""
-    max_files, max_bytes, _need = p.bound
     for e in entries:
-        if ((max_files >= 0 and p.deleted + e.files > max_files)
-                or (max_bytes >= 0 and p.freed + e.bytes > max_bytes)):
+        if not p.bound.fits(p.deleted + e.files, p.freed + e.bytes):
             break
         p.deleted += e.files
         p.freed += e.bytes

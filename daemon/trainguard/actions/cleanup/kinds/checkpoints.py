@@ -8,7 +8,7 @@ import stat as stat_mod
 
 from trainguard.actions.cleanup import selection as sel
 from trainguard.actions.cleanup.engine import unittree, walker
-from trainguard.actions.cleanup.guard import allowed, reached
+from trainguard.actions.cleanup.guard import reached
 from trainguard.actions.cleanup.plan import Ctx, Planned, full_path
 from trainguard.actions.cleanup.safety.inuse import in_grace
 from trainguard.actions.cleanup.safety.roots import Root
@@ -36,8 +36,7 @@ class CheckpointsKind:
         for cand in planned.data:  # oldest first
             if need is not None and reached(root, need, freed, ctx.dry_run, ctx.policy.low):
                 return
-            files, nbytes = allowed(ctx.policy.max_delete, ctx.tally)
-            if 0 <= files < cand.files or 0 <= nbytes < cand.bytes:
+            if not ctx.left().fits(cand.files, cand.bytes):
                 return  # max_delete: a watermark run goes no further (a plain one never gets here)
             freed += _delete_one(ctx, root, cand)
 

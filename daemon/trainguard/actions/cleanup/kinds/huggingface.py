@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 from trainguard.actions.cleanup import selection as sel
 from trainguard.actions.cleanup.engine import unittree, walker
-from trainguard.actions.cleanup.guard import allowed
 from trainguard.actions.cleanup.kinds.age import AgeKind
 from trainguard.actions.cleanup.plan import Ctx, Planned, full_path
 from trainguard.actions.cleanup.safety.roots import Root
@@ -61,8 +60,7 @@ class HfKind:
             return
         taken, due, repos = planned.data
         for rev in taken + ([] if ctx.refused else due):
-            files, nbytes = allowed(ctx.policy.max_delete, ctx.tally)
-            if 0 <= files < 1 + len(rev.blobs) or 0 <= nbytes < rev.bytes:
+            if not ctx.left().fits(1 + len(rev.blobs), rev.bytes):
                 break  # max_delete: no more revisions in this run
             _delete_revision(ctx, root, rev)
         self.repos.execute(ctx, root, repos, need)
