@@ -61,6 +61,7 @@ class Pass(CacheUnits):
         self.locks = sel.globset(kind.lock_globs) if kind else None
         self.units = sel.globset(kind.unit_globs) if kind else None
         self.watermark = False  # need_bytes is a watermark's: the filesystem at low is enough too
+        self.emergency = False  # a watermark run: its first unit goes whole even past max_delete (bound.py)
         self.on_gone = None  # listed: called with (listing, [(name, bytes, age)], files each) as they come
         self.ahead: ahead.Ahead | None = None
         self.before = (0, 0)  # files and bytes when the directory being listed was entered

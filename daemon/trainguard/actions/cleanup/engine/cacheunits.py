@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 from trainguard.actions.cleanup.engine import unittree, walker
+from trainguard.actions.cleanup.engine.bound import takes_whole
 from trainguard.actions.cleanup.plan import full_path
 
 
@@ -45,24 +46,32 @@ class CacheUnits:
             if self.listed:
                 self.gone_unit(lst, name, unit, age)
             return
-        if (not self.bound.fits(self.deleted + unit.files, self.freed + unit.bytes)
-                or 0 <= self.bound.need_bytes <= self.freed):
+        if 0 <= self.bound.need_bytes <= self.freed:
             self.stopped = True
-            return
+        elif self.bound.fits(self.deleted + unit.files, self.freed + unit.bytes):
+            self.remove(lst, name, path, unit, age)
+        elif takes_whole(self.emergency, self.ctx.tally.files):
+            self.ctx.take_whole(self.root, name, unit.files, lambda: self.remove(lst, name, path, unit, age))
+        else:
+            self.stopped = True
+
+    def remove(self, lst: walker.Listing, name: str, path: str, unit: unittree.UnitStats, age: float) -> int:
+        """Delete a due unit whole unless it is in use now; the bytes freed."""
         if self.held(path, unit):
-            return
+            return 0
         try:
             st = os.stat(name, dir_fd=lst.fd, follow_symlinks=False)
             self.ctx.before_delete(name)
             unittree.remove_tree_at(lst.fd, name, self.root.dev, self.root.mnt, st.st_ino)
         except OSError as exc:
             self.ctx.skip_error(path, exc)
-            return
+            return 0
         self.files += unit.files
         self.bytes += unit.bytes
         self.freed += unit.bytes
         self.deleted += unit.files
         self.ctx.went(self.root, path, (unit.bytes, unit.files), self.reason, age, True)
+        return unit.bytes
 
     def gone_unit(self, lst: walker.Listing, name: str, unit: unittree.UnitStats, age: float) -> None:
         if self.on_gone is not None:

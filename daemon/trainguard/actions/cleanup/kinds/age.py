@@ -135,7 +135,7 @@ class _Count:
         self.policy, self.need, self.capped, self.plan = policy, need, capped, AgePlan()
         # A watermark knows its need before the count, and takes only due entries; a size cap knows its
         # need only after it, and takes any entry.
-        self.heap = oldest.Oldest(None if capped else need, bound)
+        self.heap = oldest.Oldest(None if capped else need, bound, emergency=need is not None)
 
     def add(self, lst, gone: list[tuple[str, int, float]], files: int = 1) -> None:
         plan, older_than = self.plan, self.policy.older_than
@@ -175,6 +175,7 @@ def _delete_chosen(ctx: Ctx, root: Root, plan: AgePlan, watermark: bool) -> dict
     else:
         p.reason = f"{policy.type}: over max_size {format_bytes(policy.max_size)}, least recently used first"
     p.watermark = watermark and not plan.cap_need  # a watermark alone: the filesystem at low is enough too
+    p.emergency = watermark
     oldest.delete(p, plan.selection.dirs, plan.chosen)
     return dict(p.scratch.skipped)
 

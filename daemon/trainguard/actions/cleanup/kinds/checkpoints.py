@@ -8,6 +8,7 @@ import stat as stat_mod
 
 from trainguard.actions.cleanup import selection as sel
 from trainguard.actions.cleanup.engine import unittree, walker
+from trainguard.actions.cleanup.engine.bound import takes_whole
 from trainguard.actions.cleanup.guard import reached
 from trainguard.actions.cleanup.plan import Ctx, Planned, full_path
 from trainguard.actions.cleanup.safety.inuse import in_grace
@@ -36,9 +37,12 @@ class CheckpointsKind:
         for cand in planned.data:  # oldest first
             if need is not None and reached(root, need, freed, ctx.dry_run, ctx.policy.low):
                 return
-            if not ctx.left().fits(cand.files, cand.bytes):
+            if ctx.left().fits(cand.files, cand.bytes):
+                freed += _delete_one(ctx, root, cand)
+            elif takes_whole(need is not None, ctx.tally.files):  # an emergency's first checkpoint: whole
+                freed += ctx.take_whole(root, cand.relpath, cand.files, lambda c=cand: _delete_one(ctx, root, c))
+            else:
                 return  # max_delete: a watermark run goes no further (a plain one never gets here)
-            freed += _delete_one(ctx, root, cand)
 
 
 def _scan(ctx: Ctx, root: Root):

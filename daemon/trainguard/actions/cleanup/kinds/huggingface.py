@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from trainguard.actions.cleanup import selection as sel
 from trainguard.actions.cleanup.engine import unittree, walker
+from trainguard.actions.cleanup.engine.bound import takes_whole
 from trainguard.actions.cleanup.kinds.age import AgeKind
 from trainguard.actions.cleanup.plan import Ctx, Planned, full_path
 from trainguard.actions.cleanup.safety.roots import Root
@@ -60,9 +61,13 @@ class HfKind:
             return
         taken, due, repos = planned.data
         for rev in taken + ([] if ctx.refused else due):
-            if not ctx.left().fits(1 + len(rev.blobs), rev.bytes):
+            if ctx.left().fits(1 + len(rev.blobs), rev.bytes):
+                _delete_revision(ctx, root, rev)
+            elif need is not None and takes_whole(rev in taken, ctx.tally.files):  # an emergency's first: whole
+                ctx.take_whole(root, f"{rev.repo}@{rev.commit[:12]}", 1 + len(rev.blobs),
+                               lambda r=rev: _delete_revision(ctx, root, r))
+            else:
                 break  # max_delete: no more revisions in this run
-            _delete_revision(ctx, root, rev)
         self.repos.execute(ctx, root, repos, need)
 
 
