@@ -174,3 +174,33 @@ def test_the_alert_says_which_unit_went_whole_in_english_and_chinese():
     assert "The disk was at 87.9%" in en.what and "52.0 MiB more" in en.what
     assert "global_step3" in zh.fact and "1,500" in zh.fact and "整个删除" in zh.fact
     assert not en.fallback and not zh.fallback
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("tmpfs_mount", [16 * 2**20], indirect=True)
+def test_a_cache_unit_past_max_delete_goes_whole_in_an_emergency_and_only_the_first(tmpfs_mount):
+    from trainguard import config
+    from trainguard.actions.cleanup.runner import CleanupRunner
+
+    cache, now = tmpfs_mount / "datasets", time.time()
+    made = []
+    for i in range(4):  # four prepared datasets of 300 arrow files, a day apart, the oldest first
+        unit = cache / f"dataset_{i}"
+        unit.mkdir(parents=True)
+        for j in range(300):
+            path = unit / f"data-{j:05d}.arrow"
+            path.write_bytes(b"x" * SHARD)
+            t = now - (10 - i) * 86400
+            os.utime(path, (t, t))
+        made.append(unit)
+    assert used(tmpfs_mount) >= 0.85
+    pol = config.parse({"cleanup": [{"name": "ds", "type": "huggingface-datasets-cache", "roots": [str(cache)],
+                                     "watermark": True, "high": "85%", "low": "60%", "grace": "0s",
+                                     "max_delete": 100}]}, "test").cleanup[0]
+
+    report = CleanupRunner([pol], homes=frozenset()).run(pol, trigger="watermark")
+
+    assert [u.exists() for u in made] == [False, True, True, True], report
+    assert all(len(os.listdir(u)) == 300 for u in made[1:])
+    assert report.files == 300 and report.whole is not None and report.whole[:2] == ("dataset_0", 300)
+    assert report.bounded.startswith("took dataset_0 whole (300 files) though max_delete is 100 files")
