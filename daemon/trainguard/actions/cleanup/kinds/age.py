@@ -177,6 +177,8 @@ def _delete_chosen(ctx: Ctx, root: Root, plan: AgePlan, watermark: bool) -> dict
     p.watermark = watermark and not plan.cap_need  # a watermark alone: the filesystem at low is enough too
     p.emergency = watermark
     oldest.delete(p, plan.selection.dirs, plan.chosen)
+    if p.busy:
+        ctx.tally.skip("in-use", root.path, p.busy)
     return dict(p.scratch.skipped)
 
 

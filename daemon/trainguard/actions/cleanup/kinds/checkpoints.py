@@ -18,6 +18,9 @@ from trainguard.actions.cleanup.safety.roots import Root
 class CheckpointsKind:
     def plan(self, ctx: Ctx, root: Root, need: int | None) -> Planned:
         ctx.tools.open_files.refresh()
+        held = ctx.tools.open_files.unknown(root.dev)
+        if held:  # the kernel holds a file that could be here and cannot be identified (kernel_holders.py)
+            return Planned(note=f"in use: {held}")
         items = list(_scan(ctx, root))
         cands = sel.select_checkpoints(root.path, items, ctx.policy, ctx.now)
         kept = sum(1 for i in items if not i.busy) - len(cands)
@@ -143,7 +146,9 @@ def _recheck(ctx: Ctx, root: Root, pfd: int, name: str, st: os.stat_result, cand
     if cand.is_unit:
         unit = unittree.measure_unit(pfd, name, root.dev, root.mnt, ctx.tools.hook)
         of.refresh()  # just before the delete
-        if now - unit.newest_change < ctx.policy.grace:
+        if of.unknown(st.st_dev):
+            ctx.tally.skip("in-use", path, of.unknown(st.st_dev))
+        elif now - unit.newest_change < ctx.policy.grace:
             ctx.tally.skip("grace", path)
         elif unit.problems:
             ctx.tally.skip("mount-point" if unit.mounts else "unreadable", path)
@@ -155,7 +160,9 @@ def _recheck(ctx: Ctx, root: Root, pfd: int, name: str, st: os.stat_result, cand
             return unit.bytes, unit.files
         return None
     of.refresh()
-    if in_grace(st, now, ctx.policy.grace):
+    if of.unknown(st.st_dev):
+        ctx.tally.skip("in-use", path, of.unknown(st.st_dev))
+    elif in_grace(st, now, ctx.policy.grace):
         ctx.tally.skip("grace", path)
     elif of.is_open(st.st_dev, st.st_ino):
         ctx.skip_open(path, [(st.st_dev, st.st_ino)])

@@ -1,0 +1,97 @@
+"""A loop device whose backing file cannot be identified keeps everything it could be (fail closed).
+
+In a container the daemon often has no /dev/loopN, and the host's path of the image is not where the
+container sees it. Here that is made real: an ext4 image on a tmpfs is attached and mounted, the tmpfs is
+then seen only through a bind mount (its first mount point lazily unmounted, so sysfs names the image
+by a path that is not there), and the open-file index is given a /dev without the loop devices.
+Without the driver's answer the image could be any file: every root stays, with one warning naming the
+loop device. With /dev (the driver answers), only the image stays: the rule is not broader than that.
+Real loop devices and mounts, as root."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from trainguard.actions.cleanup.runner import CleanupRunner
+from trainguard.actions.cleanup.safety.inuse import OpenFiles
+
+from tests.support.mounts import root_reason
+from tests.test_cleanup import DAY, make, policy
+from tests.test_cleanup_inuse import _sh, aged, attached, ext4_image, mounted
+
+pytestmark = [pytest.mark.root, pytest.mark.timeout(120)]
+
+
+@pytest.fixture
+def hidden_image(tmp_path):
+    """(root to clean, the image below it, its loop device): the image attached and mounted, its
+    filesystem seen at `seen` only, sysfs naming it by a path that does not exist here."""
+    if reason := root_reason(need_loop=True):
+        pytest.skip(reason)
+    first, seen = tmp_path / "first", tmp_path / "seen"
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mounted("tg-test-tmpfs", first, "-t", "tmpfs", "-o", "size=64m"))
+        image = ext4_image(first / "scratch" / "data.img")
+        device = stack.enter_context(attached(image))
+        stack.enter_context(mounted(device, tmp_path / "mnt"))
+        stack.enter_context(mounted(str(first), seen, "--bind"))
+        _sh("umount", "-l", str(first))
+        backing = Path(f"/sys/block/{os.path.basename(device)}/loop/backing_file").read_text().strip()
+        assert not os.path.exists(backing), backing  # sysfs names a path that is not there
+        root = seen / "scratch"
+        yield root, aged(root / "data.img"), device
+        subprocess.run(["umount", str(tmp_path / "mnt")], capture_output=True, timeout=60)
+
+
+def run(tmp_path: Path, root: Path, open_files: OpenFiles, **kw):
+    pol = policy(roots=[str(root)], **{"type": "age", "age_by": ["mtime"], "older_than": "7d", "grace": "0s", **kw})
+    return CleanupRunner([pol], homes=frozenset(), open_files=open_files).run(pol)
+
+
+def no_loop_devices(tmp_path: Path) -> str:
+    """A /dev as a container's: no loop devices in it."""
+    dev = tmp_path / "dev"
+    dev.mkdir(exist_ok=True)
+    return str(dev)
+
+
+@pytest.mark.parametrize("max_delete", [False, 10000], ids=["one-pass", "guarded"])
+def test_without_the_loop_device_every_root_it_could_be_in_stays(tmp_path, hidden_image, caplog, max_delete):
+    root, image, device = hidden_image
+    old = make(root / "old.log")
+    open_files = OpenFiles(dev_root=no_loop_devices(tmp_path))  # the daemon's, kept from run to run
+    with caplog.at_level(logging.WARNING):
+        first = run(tmp_path, root, open_files, max_delete=max_delete)
+        again = run(tmp_path, root, open_files, max_delete=max_delete)
+    assert image.exists() and old.exists(), first
+    assert first.files == again.files == 0
+    assert device in first.roots[0].note, first.roots[0].note
+    told = [r.getMessage() for r in caplog.records if device in r.getMessage() and "cannot tell" in r.getMessage()]
+    assert len(told) == 1, told  # once per loop device, not once per run
+
+
+def test_with_the_loop_device_only_the_image_stays(tmp_path, hidden_image):
+    root, image, device = hidden_image
+    old = make(root / "old.log")
+    report = run(tmp_path, root, OpenFiles())
+    assert image.exists() and not old.exists(), report
+    assert report.in_use and device in report.in_use[0]
+
+
+def test_a_checkpoint_named_image_behind_a_loop_stays_without_the_loop_device(tmp_path, hidden_image):
+    root, image, _device = hidden_image
+    ckpt = root / "run"
+    ckpt.mkdir()
+    os.rename(image, ckpt / "step_100.ckpt")  # the image itself, under a checkpoint's name
+    for step in (200, 300):
+        make(ckpt / f"step_{step}.ckpt", age=DAY * (5 - step / 100))
+    os.utime(ckpt / "step_100.ckpt", (1, 1))
+    pol = policy(type="checkpoints", roots=[str(root)], keep_last=1, grace="0s")
+    report = CleanupRunner([pol], homes=frozenset(), open_files=OpenFiles(dev_root=no_loop_devices(tmp_path))).run(pol)
+    assert (ckpt / "step_100.ckpt").exists() and (ckpt / "step_200.ckpt").exists(), report
+    assert report.files == 0
