@@ -40,7 +40,7 @@ class Bound(NamedTuple):
 
     def after(self, files: int, nbytes: int) -> Bound:
         """What is left of this bound once files of nbytes are unlinked."""
-        return Bound(*(NO_LIMIT if b < 0 else max(0, b - done) for b, done in zip(self, (files, nbytes, nbytes))))
+        return Bound(*(NO_LIMIT if b < 0 else max(0, b - done) for b, done in zip(self, (files, nbytes, nbytes), strict=True)))
 
 
 def exceeds(limit, files: int, nbytes: int) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 from trainguard.actions.cleanup.engine import unittree, walker
+from trainguard.actions.cleanup.engine.aside import delete_aside
 from trainguard.actions.cleanup.engine.bound import takes_whole
 from trainguard.actions.cleanup.plan import full_path
 
@@ -62,7 +63,8 @@ class CacheUnits:
         try:
             st = os.stat(name, dir_fd=lst.fd, follow_symlinks=False)
             self.ctx.before_delete(name)
-            unittree.remove_tree_at(lst.fd, name, self.root.dev, self.root.mnt, st.st_ino)
+            if not delete_aside(self.ctx, self.root, lst.fd, name, st, path, unit):  # renamed aside, checked again
+                return 0
         except OSError as exc:
             self.ctx.skip_error(path, exc)
             return 0

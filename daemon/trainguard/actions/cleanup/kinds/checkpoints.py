@@ -8,6 +8,7 @@ import stat as stat_mod
 
 from trainguard.actions.cleanup import selection as sel
 from trainguard.actions.cleanup.engine import unittree, walker
+from trainguard.actions.cleanup.engine.aside import delete_aside
 from trainguard.actions.cleanup.engine.bound import takes_whole
 from trainguard.actions.cleanup.guard import reached
 from trainguard.actions.cleanup.plan import Ctx, Planned, full_path
@@ -120,16 +121,17 @@ def _delete_one(ctx: Ctx, root: Root, cand: sel.Candidate) -> int:
         if (st.st_dev, st.st_ino) != (cand.dev, cand.ino):
             ctx.tally.skip("replaced", path, "not the entry that was judged")
             return 0
-        sized = _recheck(ctx, root, pfd, name, st, cand, path)
+        unit = _recheck(ctx, root, pfd, name, st, cand, path)
         now = ctx.tools.clock()
-        if sized is None:
+        if unit is None:
             return 0
+        sized = (unit.bytes, unit.files) if cand.is_unit else (sel.freed_bytes(st), 1)
         if not ctx.dry_run:
             ctx.before_delete(cand.relpath)
-            if cand.is_unit:
-                unittree.remove_tree_at(pfd, name, root.dev, root.mnt, cand.ino)
-            else:
-                os.unlink(name, dir_fd=pfd)
+            # Renamed aside, checked again, then deleted: a checkpoint saved again under the same name
+            # (last.ckpt) or opened since the scan is kept (engine/aside.py).
+            if not delete_aside(ctx, root, pfd, name, st, path, unit if cand.is_unit else None):
+                return 0
         ctx.went(root, path, sized, cand.reason, now - cand.age_ts, cand.is_unit)
         return sized[0]
     except OSError as exc:
@@ -140,8 +142,9 @@ def _delete_one(ctx: Ctx, root: Root, cand: sel.Candidate) -> int:
 
 
 def _recheck(ctx: Ctx, root: Root, pfd: int, name: str, st: os.stat_result, cand: sel.Candidate,
-             path: str) -> tuple[int, int] | None:
-    """Grace, open files and mount points just before the delete: (bytes, files), or None to skip."""
+             path: str) -> unittree.UnitStats | bool | None:
+    """Grace, open files and mount points just before the delete: a unit's measure (a file: True),
+    or None to skip."""
     of, now = ctx.tools.open_files, ctx.tools.clock()
     if cand.is_unit:
         unit = unittree.measure_unit(pfd, name, root.dev, root.mnt, ctx.tools.hook)
@@ -157,7 +160,7 @@ def _recheck(ctx: Ctx, root: Root, pfd: int, name: str, st: os.stat_result, cand
         elif of.unverifiable(st):
             ctx.tally.skip("unverifiable-open", path)
         else:
-            return unit.bytes, unit.files
+            return unit
         return None
     of.refresh()
     if of.unknown(st.st_dev):
@@ -169,5 +172,5 @@ def _recheck(ctx: Ctx, root: Root, pfd: int, name: str, st: os.stat_result, cand
     elif of.unverifiable(st):
         ctx.tally.skip("unverifiable-open", path)
     else:
-        return sel.freed_bytes(st), 1
+        return True
     return None

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from trainguard.actions.cleanup import selection as sel
 from trainguard.actions.cleanup.engine import unittree, walker
+from trainguard.actions.cleanup.engine.aside import delete_aside
 from trainguard.actions.cleanup.engine.bound import takes_whole
 from trainguard.actions.cleanup.kinds.age import AgeKind
 from trainguard.actions.cleanup.plan import Ctx, Planned, full_path
@@ -234,8 +235,10 @@ def _delete_revision(ctx: Ctx, root: Root, rev: Detached) -> None:
         try:
             st = os.stat(rev.commit, dir_fd=snaps, follow_symlinks=False)
             if not ctx.dry_run:
+                unit = unittree.measure_unit(snaps, rev.commit, root.dev, root.mnt, ctx.tools.hook)
                 ctx.before_delete(f"{rev.repo}/snapshots/{rev.commit}")
-                unittree.remove_tree_at(snaps, rev.commit, root.dev, root.mnt, st.st_ino)
+                if not delete_aside(ctx, root, snaps, rev.commit, st, path, unit):  # renamed aside, checked again
+                    return
         finally:
             os.close(snaps)
         ctx.went(root, path, (0, 1), reason, ctx.now - rev.last_use, True)
@@ -265,8 +268,8 @@ def _delete_blobs(ctx: Ctx, root: Root, repo_fd: int, rev: Detached, reason: str
                 if st.st_ino != ino:
                     ctx.tally.skip("replaced", path, "not the blob that was judged")
                     continue
-                if not ctx.dry_run:
-                    os.unlink(name, dir_fd=blobs_fd)
+                if not ctx.dry_run and not delete_aside(ctx, root, blobs_fd, name, st, path):
+                    continue  # downloaded again, or opened, since it was judged: kept
                 ctx.went(root, path, (nbytes, 1), reason, ctx.now - rev.last_use)
             except OSError as exc:
                 ctx.skip_error(path, exc)
