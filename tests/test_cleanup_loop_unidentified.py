@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import stat
 import subprocess
 from pathlib import Path
 
@@ -95,3 +96,45 @@ def test_a_checkpoint_named_image_behind_a_loop_stays_without_the_loop_device(tm
     report = CleanupRunner([pol], homes=frozenset(), open_files=OpenFiles(dev_root=no_loop_devices(tmp_path))).run(pol)
     assert (ckpt / "step_100.ckpt").exists() and (ckpt / "step_200.ckpt").exists(), report
     assert report.files == 0
+
+
+@pytest.mark.parametrize("node", ["another-loop", "not-a-loop"])
+def test_a_dev_whose_loop_node_is_another_device_is_not_believed(tmp_path, hidden_image, node):
+    """A container's /dev/loopN can be another device's node: an unattached loop answers ENXIO (read
+    as "detached"), a character device refuses the ioctl. Neither may stand for the real loop."""
+    root, image, device = hidden_image
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    if node == "another-loop":
+        free = _sh("losetup", "--find")  # a loop device nothing is attached to
+        os.mknod(dev / os.path.basename(device), 0o600 | stat.S_IFBLK, os.stat(free).st_rdev)
+    else:
+        os.mknod(dev / os.path.basename(device), 0o600 | stat.S_IFCHR, os.makedev(1, 3))  # /dev/null's numbers
+    report = run(tmp_path, root, OpenFiles(dev_root=str(dev)))
+    assert image.exists(), report
+    assert device in report.roots[0].note
+
+
+def test_the_size_rule_matches_the_loop_drivers_own_view(tmp_path):
+    """Without the driver, a file at the named path is believed only when it has the loop's size: the
+    rule, from sysfs, against real loop devices with an offset and a size limit; the expected answers
+    worked out by hand (a loop maps the file from its offset, to sizelimit, in whole sectors)."""
+    if reason := root_reason(need_loop=True):
+        pytest.skip(reason)
+    from trainguard.actions.cleanup.safety.kernel_holders import _loop_size_fits
+
+    image = tmp_path / "disk.img"
+    with open(image, "wb") as fh:
+        fh.truncate(20 << 20)
+    m = 1 << 20
+    sizes = [20 * m, 20 * m - 512, 20 * m + 512, 8 * m, 8 * m + 4096]
+    cases = {(): [True, False, False, False, False],
+             ("-o", "4096"): [True, False, False, False, False],
+             ("-o", "4096", "--sizelimit", str(8 * m)): [True, True, True, False, True]}
+    for args, expected in cases.items():
+        device = _sh("losetup", "--find", "--show", *args, str(image))
+        try:
+            got = [_loop_size_fits("/sys", os.path.basename(device), n) for n in sizes]
+        finally:
+            subprocess.run(["losetup", "-d", device], capture_output=True, timeout=60)
+        assert got == expected, (args, got)

@@ -67,6 +67,7 @@ class KernelHolders:
         """(the holders identified, {device of a mount that did not answer: what it holds there})."""
         loops, swaps = self._loops(), self._swaps()
         if not loops and not swaps:
+            self._told = {}
             return [], {}  # the usual case: no mount table read
         try:
             mounts = read_mounts(self.proc_root, own=True)
@@ -116,12 +117,11 @@ class KernelHolders:
         there has the loop's size; else Unidentified. ENXIO: detached meanwhile."""
         device = os.path.join(self.dev_root, name)
         try:
-            return _driver_identity(device)
-        except FileNotFoundError as exc:
-            if exc.filename != device:
-                raise
-        except PermissionError:
-            pass
+            return _driver_identity(device, _read(os.path.join(self.sys_root, "block", name, "dev")))
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:
+                raise  # detached meanwhile
+            # no such node here (a container), not allowed to open it, or a node of another device
         if not path.endswith(DELETED):
             try:
                 st = os.lstat(path)
@@ -222,10 +222,14 @@ def _read(path: str) -> str:
         return fh.read().strip()
 
 
-def _driver_identity(device: str) -> tuple[int, int]:
-    """(st_dev, st_ino) of a loop device's backing file, from the loop driver (LOOP_GET_STATUS64)."""
+def _driver_identity(device: str, numbers: str) -> tuple[int, int]:
+    """(st_dev, st_ino) of a loop device's backing file, from the loop driver (LOOP_GET_STATUS64);
+    numbers: the device's "major:minor" from sysfs, which the node opened must be."""
     fd = os.open(device, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     try:
+        rdev = os.fstat(fd).st_rdev
+        if f"{os.major(rdev)}:{os.minor(rdev)}" != numbers:
+            raise OSError(errno.ENODEV, f"not the node of loop device {numbers}", device)
         info = bytearray(_LOOP_INFO64_SIZE)
         fcntl.ioctl(fd, LOOP_GET_STATUS64, info)
     finally:
