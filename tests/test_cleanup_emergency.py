@@ -204,3 +204,31 @@ def test_a_cache_unit_past_max_delete_goes_whole_in_an_emergency_and_only_the_fi
     assert all(len(os.listdir(u)) == 300 for u in made[1:])
     assert report.files == 300 and report.whole is not None and report.whole[:2] == ("dataset_0", 300)
     assert report.bounded.startswith("took dataset_0 whole (300 files) though max_delete is 100 files")
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("tmpfs_mount", [16 * 2**20], indirect=True)
+def test_an_emergency_never_takes_a_unit_in_use_whole_it_takes_the_next(tmpfs_mount, tmp_path):
+    from trainguard import config
+    from trainguard.actions.cleanup.runner import CleanupRunner
+
+    from tests.test_cleanup import holder
+
+    runs, now = tmpfs_mount / "runs", time.time() - 3600
+    made = []
+    for i in range(4):
+        unit = runs / f"global_step{(i + 1) * 100}"
+        unit.mkdir(parents=True)
+        for j in range(300):
+            (unit / f"shard_{j}.pt").write_bytes(b"x" * SHARD)
+        os.utime(unit, (now + 60 * i, now + 60 * i))
+        made.append(unit)
+    assert used(tmpfs_mount) >= 0.85
+    pol = config.parse({"cleanup": [{"name": "ckpt", "type": "checkpoints", "roots": [str(runs)], "keep_last": 1,
+                                     "watermark": True, "high": "85%", "low": "60%", "grace": "0s",
+                                     "max_delete": 100}]}, "test").cleanup[0]
+    with holder(made[0] / "shard_7.pt", "open"):
+        report = CleanupRunner([pol], homes=frozenset()).run(pol, trigger="watermark")
+        assert [u.exists() for u in made] == [True, False, True, True], report
+        assert len(os.listdir(made[0])) == 300  # in use: not even a candidate, never cut
+        assert report.whole is not None and report.whole[:2] == ("global_step200", 300)
