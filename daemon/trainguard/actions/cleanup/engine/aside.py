@@ -28,14 +28,28 @@ def delete_aside(ctx: Ctx, root: Root, parent_fd: int, name: str, judged: os.sta
                  unit: unittree.UnitStats | None = None) -> bool:
     """Delete name (a file, or with unit its measure as judged, a directory unit) in the three steps
     above; whether it went. What kept it is tallied (changed, open, in-use, mount-point)."""
+    q = set_aside(ctx, parent_fd, name, judged, path)
+    return q is not None and settle(ctx, root, parent_fd, q, judged, path, unit)
+
+
+def set_aside(ctx: Ctx, parent_fd: int, name: str, judged: os.stat_result, path: str) -> Quarantine | None:
+    """Step 1 and the identity check: the entry under a private name (the Quarantine holding it), or None
+    when the name no longer held the entry judged (then put back and tallied as changed)."""
     q = Quarantine(parent_fd, atime=False)
     try:
         q.unlink(name, judged)
     except Changed as exc:
         _changed(ctx, path, exc.errno)
-        return False
+        return None
+    return q
+
+
+def settle(ctx: Ctx, root: Root, parent_fd: int, q: Quarantine, judged: os.stat_result, path: str,
+           unit: unittree.UnitStats | None, refresh: bool = True) -> bool:
+    """Steps 2 and 3 for what q holds: delete it, or put it back; whether it went. refresh=False: the
+    caller read /proc after every entry it settles was set aside (one reading for several units)."""
     private = q.private
-    why = _still_judged(ctx, root, parent_fd, private, judged, path, unit)
+    why = _still_judged(ctx, root, parent_fd, private, judged, path, unit, refresh)
     if why:
         err = q.restore()
         if why == "changed" or err:
@@ -53,7 +67,7 @@ def delete_aside(ctx: Ctx, root: Root, parent_fd: int, name: str, judged: os.sta
 
 
 def _still_judged(ctx: Ctx, root: Root, parent_fd: int, private: str, judged: os.stat_result, path: str,
-                  unit: unittree.UnitStats | None) -> str:
+                  unit: unittree.UnitStats | None, refresh: bool) -> str:
     """Why the entry under its private name may not go now ("" when it may): changed, or in use."""
     inodes = [(judged.st_dev, judged.st_ino)]
     if unit is not None:
@@ -65,7 +79,8 @@ def _still_judged(ctx: Ctx, root: Root, parent_fd: int, private: str, judged: os
             return "changed"
         inodes = again.inodes
     of = ctx.tools.open_files
-    of.refresh()  # after the rename: whoever opened it since the last scan is seen now
+    if refresh:
+        of.refresh()  # after the rename: whoever opened it since the last scan is seen now
     held = of.unknown(judged.st_dev)
     if held:
         ctx.tally.skip("in-use", path, held)
