@@ -61,8 +61,12 @@ def settle(ctx: Ctx, root: Root, parent_fd: int, q: Quarantine, judged: os.stat_
             _name, err, _ino = q.failed[0]
             raise OSError(err, os.strerror(err), path)
     else:
+        try:
+            unittree.remove_tree_at(parent_fd, private, root.dev, root.mnt, judged.st_ino)
+        except OSError:
+            q.restore()  # what is left of it goes back under its own name, where its owner looks
+            raise
         q.forget()
-        unittree.remove_tree_at(parent_fd, private, root.dev, root.mnt, judged.st_ino)
     return True
 
 
