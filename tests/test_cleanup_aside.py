@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -88,3 +90,24 @@ def test_without_a_race_the_unit_and_the_file_still_go(tmp_path):
                                               grace="0s"))
     assert not last.exists() and not (run / "checkpoint-100").exists(), report
     assert sorted(p.name for p in run.iterdir()) == ["best.ckpt"]
+
+
+def test_a_unit_whose_removal_fails_halfway_is_back_under_its_own_name(tmp_path):
+    """A file inside the unit cannot be unlinked (immutable): what is left goes back where it was found."""
+    if os.geteuid() != 0 or shutil.which("chattr") is None:
+        pytest.skip("needs root and chattr to make a file immutable")
+    run = tmp_path / "ckpt" / "run"
+    build_unit(tmp_path / "ckpt", "run/checkpoint-100")
+    make(run / "checkpoint-200" / "model.safetensors", age=DAY)
+    stuck = run / "checkpoint-100" / "sub" / "shard.bin"
+    if subprocess.run(["chattr", "+i", str(stuck)], capture_output=True).returncode:
+        pytest.skip("this filesystem has no immutable flag")
+    try:
+        report = runner(tmp_path, DAY).run(policy(type="checkpoints", roots=[str(tmp_path / "ckpt")], keep_last=1,
+                                                  grace="0s"))
+        assert stuck.exists(), report
+        assert sorted(p.name for p in run.iterdir()) == ["checkpoint-100", "checkpoint-200"]
+        assert report.files == 0 and report.skipped, report
+    finally:
+        for path in run.rglob("shard.bin"):  # wherever it ended up
+            subprocess.run(["chattr", "-i", str(path)], capture_output=True)
