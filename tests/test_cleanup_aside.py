@@ -16,6 +16,7 @@ import pytest
 
 from tests.test_cleanup import DAY, holder, make, policy, runner
 from tests.test_cleanup_attacks import UNIT_CASES, build_unit
+from tests.test_cleanup_inuse import mapped_and_closed
 
 NEW = b"saved again, in place"
 
@@ -58,7 +59,7 @@ def test_a_checkpoint_file_saved_again_or_opened_at_the_last_moment_is_kept(tmp_
     assert not [p for p in run.iterdir() if p.name.startswith(".trainguard-deleting.")]
 
 
-@pytest.mark.parametrize("race", ["saved-again", "opened"])
+@pytest.mark.parametrize("race", ["saved-again", "opened", "mapped-and-closed"])
 @pytest.mark.parametrize("case", ["checkpoint-unit", "hf-repo", "torch-entry", "conda-entry"])
 def test_a_unit_whose_file_is_saved_again_or_opened_at_the_last_moment_is_kept_whole(tmp_path, case, race):
     kw, unit, _sibling, newest = UNIT_CASES[case]
@@ -68,9 +69,10 @@ def test_a_unit_whose_file_is_saved_again_or_opened_at_the_last_moment_is_kept_w
         make(root / newest / "model.safetensors", age=DAY)
     model = root / unit / "model.safetensors"
     stack = contextlib.ExitStack()
-    act = (lambda: save_in_place(model)) if race == "saved-again" else (lambda: stack.enter_context(holder(model, "open")))
+    acts = {"saved-again": lambda: save_in_place(model), "opened": lambda: stack.enter_context(holder(model, "open")),
+            "mapped-and-closed": lambda: stack.enter_context(mapped_and_closed(model))}  # safetensors' way
     with stack:
-        report = runner(tmp_path, DAY, hook=racing(unit.rpartition("/")[2], act)).run(
+        report = runner(tmp_path, DAY, hook=racing(unit.rpartition("/")[2], acts[race])).run(
             policy(roots=[str(root)], **kw))
         assert model.exists() and (root / unit / "sub" / "shard.bin").exists(), report
         assert report.files == 0, report
