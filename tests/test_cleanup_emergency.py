@@ -109,6 +109,9 @@ def test_one_cycle_takes_the_oldest_unit_whole_and_says_so(tmpfs_mount, tmp_path
     made = build(tmpfs_mount / "runs")
     before = used(tmpfs_mount)
     assert 0.87 <= before < 0.89, before
+    dry = trainguard("--config", str(config(tmp_path, tmpfs_mount)), "cleanup", "--dry-run")
+    assert "would take global_step100 whole (1,500 files) though max_delete is 1,000 files" in dry.stdout, dry.stdout
+    assert all(whole(u) for u in made)
 
     once = trainguard("--config", str(config(tmp_path, tmpfs_mount)), "--state-dir", str(tmp_path / "state"),
                       "run", "--once")
