@@ -235,3 +235,34 @@ def test_an_emergency_never_takes_a_unit_in_use_whole_it_takes_the_next(tmpfs_mo
         assert [u.exists() for u in made] == [True, False, True, True], report
         assert len(os.listdir(made[0])) == 300  # in use: not even a candidate, never cut
         assert report.whole is not None and report.whole[:2] == ("global_step200", 300)
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("tmpfs_mount", [16 * 2**20], indirect=True)
+def test_a_detached_hub_revision_past_max_delete_goes_whole_in_an_emergency(tmpfs_mount):
+    from trainguard import config
+    from trainguard.actions.cleanup.runner import CleanupRunner
+
+    from tests.test_cleanup_hf import blob, hf_repo, snapshot
+
+    hub = tmpfs_mount / "hub"
+    repo = hf_repo(hub, "models--org--m", recent_days=0.5, old_days=30)
+    own = {f"shard-{i:02d}.safetensors": f"w_old_{i:02d}" for i in range(50)}
+    for name in own.values():
+        blob(repo, name, 4096, 40)
+    snapshot(repo, "cccc", own)  # a second detached revision, the oldest, of 50 shards of its own
+    with open(tmpfs_mount / "filler", "wb") as fh:  # the rest of the disk: not the cache's
+        fh.write(b"f" * int(14.2 * 2**20))
+    assert used(tmpfs_mount) >= 0.85
+    pol = config.parse({"cleanup": [{"name": "hub", "type": "huggingface-cache", "roots": [str(hub)],
+                                     "watermark": True, "high": "85%", "low": "60%", "grace": "0s",
+                                     "max_delete": 10}]}, "test").cleanup[0]
+
+    report = CleanupRunner([pol], homes=frozenset()).run(pol, trigger="watermark")
+
+    left = {p.name for p in (repo / "blobs").iterdir()}
+    assert not (repo / "snapshots" / "cccc").exists() and not left & set(own.values()), report
+    assert report.whole is not None and report.whole[:2] == ("models--org--m@cccc", 51), report
+    assert (repo / "snapshots" / "bbbb").exists() and "w_old" in left  # within the bound: nothing after it
+    assert (repo / "snapshots" / "aaaa").exists() and {"shared", "w_main"} <= left
+    assert report.files == 51
