@@ -155,16 +155,16 @@ def delete(p: Pass, dirs: list[tuple[str, str, os.stat_result]], entries: list[E
 def _list(ctx: Ctx, p: Pass, dirs, entries: list[Entry]) -> None:
     """A dry run: each chosen entry, as a run would delete it, within max_delete."""
     for e in entries:
+        unit = e.files > 1 or p.units is not None and not dirs[e.dir][0] and p.units(e.name, e.name)
         fits = p.bound.fits(p.deleted + e.files, p.freed + e.bytes)
-        if not fits and not takes_whole(p.emergency, ctx.tally.files):
+        if not fits and not (unit and takes_whole(p.emergency, ctx.tally.files)):  # as cacheunits.py decides
             break
         if not fits:
             ctx.whole = (e.name, e.files, usage_from_statvfs(os.fstatvfs(p.root.fd)).used_ratio)
         p.deleted += e.files
         p.freed += e.bytes
         path = full_path(p.root, dirs[e.dir][0] + "/" + e.name if dirs[e.dir][0] else e.name)
-        ctx.went(p.root, path, (e.bytes, e.files), p.reason, e.age, e.files > 1 or p.units is not None
-                 and not dirs[e.dir][0] and p.units(e.name, e.name))
+        ctx.went(p.root, path, (e.bytes, e.files), p.reason, e.age, unit)
 
 
 class _Dirs:
