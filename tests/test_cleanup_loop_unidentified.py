@@ -10,11 +10,13 @@ Real loop devices and mounts, as root."""
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import logging
 import os
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -138,3 +140,33 @@ def test_the_size_rule_matches_the_loop_drivers_own_view(tmp_path):
         finally:
             subprocess.run(["losetup", "-d", device], capture_output=True, timeout=60)
         assert got == expected, (args, got)
+
+
+HIDDEN = """
+import os, sys
+sys.path.insert(0, sys.argv[1])
+from trainguard.actions.cleanup.safety.kernel_holders import ANYWHERE, KernelHolders
+holders = KernelHolders()
+os.setgroups([]); os.setgid(65533); os.setuid(65533)  # a daemon without root: the image's directory is closed to it
+_held, unknown = holders.read()
+print(repr({"anywhere" if dev == ANYWHERE else dev: what for dev, what in unknown.items()}))
+"""
+
+
+def test_a_path_hidden_by_permissions_holds_only_the_filesystem_it_is_on(tmp_path):
+    """Without root, /dev/loopN cannot be opened and a root-only directory cannot be looked into, yet the
+    path is here: the image can be under a root only through a bind mount of its filesystem, so the roots
+    on that filesystem stay and the others (not named `anywhere` for it) go on."""
+    if reason := root_reason(need_loop=True):
+        pytest.skip(reason)
+    fs = tmp_path / "fs"
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mounted("tg-test-tmpfs", fs, "-t", "tmpfs", "-o", "size=64m,mode=0700"))
+        image = ext4_image(fs / "secret" / "data.img")
+        device = stack.enter_context(attached(image))
+        daemon = str(Path(__file__).resolve().parents[1] / "daemon")
+        out = subprocess.run([sys.executable, "-c", HIDDEN, daemon], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        unknown = ast.literal_eval(out.stdout.strip())
+        mine = {key: what for key, what in unknown.items() if device + " " in what}
+        assert list(mine) == [os.stat(fs).st_dev], unknown

@@ -12,7 +12,9 @@ cannot be deleted at all (EPERM). inuse.OpenFiles keeps them like open files, by
   loop/sizelimit). Otherwise (the path shows the host's view, or another file stands there; sysfs
   has no inode) the holder is unidentified: it could be any file on any filesystem, so it is
   `unknown` everywhere (ANYWHERE) and cleanup leaves every root alone until it can be identified,
-  with one warning per loop device naming it (fail closed: a guess here deletes a mounted image);
+  with one warning per loop device naming it (fail closed: a guess here deletes a mounted image).
+  A path that is here but hidden by permissions (a daemon without root) narrows that to the roots on
+  the filesystem holding the path: only a bind mount of its directory could show the image elsewhere;
 - swap files: /proc/swaps, type "file", identified by an lstat of the path.
 
 Either way the identity is an attribute lookup on the backing file's filesystem. A local one answers
@@ -93,7 +95,9 @@ class KernelHolders:
                     ident = exc
             if isinstance(ident, Unidentified):
                 unidentified[ident.device] = path
-                unknown.setdefault(ANYWHERE, f"{what}: {path} (which file it is cannot be told from here)")
+                # Hidden by permissions, the path is here: only its filesystem's roots (bind mounts too) could hold it.
+                where = ANYWHERE if not ident.hidden or mount is None else os.makedev(mount.major, mount.minor)
+                unknown.setdefault(where, f"{what}: {path} (which file it is cannot be told from here)")
                 continue
             if isinstance(ident, OSError):  # detached, or the swap file gone, meanwhile
                 log.debug("cleanup: cannot identify the %s %s: %s", what, path, ident)
@@ -107,8 +111,8 @@ class KernelHolders:
         for device, path in unidentified.items():
             if self._told.get(device) != path:
                 log.warning("cleanup: cannot tell which file %s is backed by (%s: %s cannot be opened here, and no "
-                            "file with the loop's size stands at that path); every cleanup root is left alone "
-                            "while it is attached. Give trainguard %s (read-only), or see the image at the same "
+                            "file with the loop's size stands at that path); cleanup roots where it could be "
+                            "are left alone while it is attached. Give trainguard %s (read-only), or see the image at the same "
                             "path as the host does", device, path, device, device)
         self._told = unidentified
 
@@ -122,16 +126,17 @@ class KernelHolders:
             if exc.errno == errno.ENXIO:
                 raise  # detached meanwhile
             # no such node here (a container), not allowed to open it, or a node of another device
+        hidden = False
         if not path.endswith(DELETED):
             try:
                 st = os.lstat(path)
-            except OSError:
-                st = None
+            except OSError as exc:
+                st, hidden = None, exc.errno in (errno.EACCES, errno.EPERM)
             if st is not None and stat.S_ISREG(st.st_mode) and _loop_size_fits(self.sys_root, name, st.st_size):
                 return st.st_dev, st.st_ino
         if not os.path.exists(os.path.join(self.sys_root, "block", name, "loop", "backing_file")):
             raise OSError(errno.ENXIO, "detached", device)
-        raise Unidentified(f"/dev/{name}")
+        raise Unidentified(f"/dev/{name}", hidden)
 
     def _loops(self) -> list[tuple[str, str]]:
         """(loopN, backing file path) of every attached loop device."""
@@ -200,9 +205,10 @@ class _Question:
 class Unidentified(OSError):
     """A loop device is attached, but which file backs it cannot be told from here."""
 
-    def __init__(self, device: str):
+    def __init__(self, device: str, hidden: bool = False):
         super().__init__(errno.ENODEV, "backing file cannot be identified", device)
         self.device = device
+        self.hidden = hidden  # its path is here, but this process may not look: on that path's filesystem
 
 
 def _loop_size_fits(sys_root: str, name: str, size: int) -> bool:
