@@ -16,7 +16,7 @@ from trainguard import config
 from trainguard.actions.cleanup import selection as sel
 from trainguard.actions.cleanup.engine import agepass
 from trainguard.actions.cleanup.record.audit import AuditLog
-from trainguard.actions.cleanup.runner import CleanupRunner, findings_for
+from trainguard.actions.cleanup.runner import CleanupReport, CleanupRunner, RootReport, findings_for
 from trainguard.actions.cleanup.safety.roots import UnsafeRoot, open_checked_root
 from trainguard.actions.cleanup.worker import Scheduler
 from trainguard.records import FsSample, Mount, MountKind, Severity, Snapshot
@@ -529,6 +529,27 @@ def test_scheduler_triggers_watermark_from_snapshot(tmp_path):
     s = Scheduler(r, statvfs=lambda p: pytest.fail("must use the snapshot"))
     assert s.due(snap(50), NOW) == []
     assert s.due(snap(90), NOW) == [(pol, "watermark")]
+
+
+def test_a_due_watermark_wins_over_a_due_schedule_which_stays_due(tmp_path):
+    root = tmp_path / "data"
+    root.mkdir()
+    pol = policy(type="age", roots=[str(root)], watermark=True, high="85%", low="80%", schedule="1d")
+    r = CleanupRunner([pol], homes=frozenset())
+    mount = Mount(str(tmp_path), "ext4", "/dev/x", 8, 1, MountKind.LOCAL)
+
+    def snap(used):
+        from trainguard.records import FsUsage
+        return Snapshot(NOW, (FsSample(mount, NOW, FsUsage(100, used, 100 - used, 0, 0, 0)),))
+
+    s = Scheduler(r, statvfs=lambda p: pytest.fail("must use the snapshot"))
+    assert s.due(snap(90), NOW) == [(pol, "watermark")]  # both due: the emergency first
+    done = CleanupReport(policy=pol.name, type=pol.type, trigger="watermark", dry_run=False, started=NOW,
+                         finished=NOW, roots=(RootReport(str(root), str(tmp_path), 5, 10, 0.9, 0.79),), files=5,
+                         bytes=10, needed_bytes=10)
+    s.ran(done, NOW)
+    assert s.due(snap(79), NOW + 1) == [(pol, "schedule")]  # a watermark run is not the schedule's run
+    assert s.due(snap(50), NOW) == [(pol, "schedule")]
 
 
 # ------------------------------------------------------------------ daemon, CLI, status

@@ -58,9 +58,6 @@ class MaxDelete:
     bytes: int | None = None
     files: int | None = None
 
-    def exceeded_by(self, files: int, nbytes: int) -> bool:
-        return (self.files is not None and files > self.files) or (self.bytes is not None and nbytes > self.bytes)
-
     def __str__(self) -> str:
         return f"{self.files} files" if self.files is not None else f"{self.bytes}B"
 

@@ -158,6 +158,8 @@ def _cleanup_bounded(f: Finding, _: Gettext) -> Texts:
         goal = _("the {low} watermark").format(low=format_ratio(float(d.get("goal_value") or 0)))
     else:
         goal = _("max_size {size}").format(size=format_bytes(int(d.get("goal_value") or 0)))
+    if d.get("whole_unit"):
+        return _cleanup_whole(f, _, goal)
     return Texts(
         fact=_("cleanup {policy} stopped at max_delete").format(policy=policy),
         subject=_("cleanup {policy}").format(policy=policy),
@@ -167,6 +169,24 @@ def _cleanup_bounded(f: Finding, _: Gettext) -> Texts:
             left=format_bytes(int(d.get("left_bytes") or 0)), goal=goal, needed=d.get("needed_files") or 0),
         why=_("One run never deletes more than max_delete; the next run goes on from the oldest files left."),
         step=_("If these files may go, raise max_delete for this policy (or set max_delete = false); "
+               "trainguard cleanup --dry-run --policy {policy} shows what a run takes now.").format(policy=policy))
+
+
+def _cleanup_whole(f: Finding, _: Gettext, goal: str) -> Texts:
+    """An emergency took its oldest checkpoint whole, though that alone is past max_delete."""
+    policy, d = f.labels["policy"], f.details
+    return Texts(
+        fact=_("cleanup {policy} took {unit} whole ({files} files) though max_delete is {limit}").format(
+            policy=policy, unit=d["whole_unit"], files=f"{int(d.get('whole_files') or 0):,}",
+            limit=d.get("max_delete") or "-"),
+        subject=_("cleanup {policy}").format(policy=policy),
+        what=_("The disk was at {used}: cleanup {policy} took its oldest checkpoint, {unit}, whole; "
+               "{left} more must go to reach {goal}.").format(
+            used=format_ratio(float(d.get("whole_used") or 0)), policy=policy, unit=d["whole_unit"],
+            left=format_bytes(int(d.get("left_bytes") or 0)), goal=goal),
+        why=_("Half a checkpoint is worse than none, and the disk was filling: one checkpoint goes whole even past "
+              "max_delete; the next runs go on one at a time."),
+        step=_("If checkpoints this large are normal here, raise max_delete for this policy; "
                "trainguard cleanup --dry-run --policy {policy} shows what a run takes now.").format(policy=policy))
 
 

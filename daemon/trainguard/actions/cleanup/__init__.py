@@ -9,7 +9,8 @@ the data flows through them:
 - kinds/: one module per policy type (age and the caches, checkpoints, the huggingface hub, logs),
   each planning and executing its deletions with the engine;
 - engine/: the one traversal (walker.py) and the per-entry judges (agerules.py, in C _agescan.c),
-  the age passes built on them, and deletion without deleting anything else (quarantine.py, unittree.py);
+  the age passes built on them, the one max_delete bound every kind asks (bound.py), and deletion
+  without deleting anything else (quarantine.py; aside.py for checkpoints and units; unittree.py);
 - safety/: which roots may be worked in (roots.py) and what is in use (inuse.py: open, mapped or held
   by the kernel; uninspected.py: processes whose files cannot be seen);
 - record/: what a run tells people (report.py) and the audit log of every deletion (audit.py).

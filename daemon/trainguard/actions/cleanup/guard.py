@@ -11,6 +11,7 @@ import logging
 import math
 import os
 
+from trainguard.actions.cleanup.engine.bound import exceeds, whole_note
 from trainguard.actions.cleanup.record.report import Tally
 from trainguard.actions.cleanup.safety import roots
 from trainguard.actions.cleanup.safety.roots import Root, UnsafeRoot
@@ -90,32 +91,29 @@ def max_delete_text(limit) -> str:
 def max_delete_guard(policy, files: int, nbytes: int) -> str:
     """Non-empty when a plain run's due entries exceed max_delete: then none of them is deleted."""
     limit = policy.max_delete
-    if limit is None or not limit.exceeded_by(files, nbytes):
+    if not exceeds(limit, files, nbytes):
         return ""
     guard = f"{files} files ({format_bytes(nbytes)}) would exceed max_delete {max_delete_text(limit)}"
     log.warning("cleanup %s: stopped, nothing deleted: %s", policy.name, guard)
     return guard
 
 
-def allowed(limit, tally: Tally) -> tuple[int, int]:
-    """(files, bytes) max_delete still allows this run, every root so far counted; -1: no bound."""
-    if limit is None:
-        return -1, -1
-    return (-1 if limit.files is None else max(0, limit.files - tally.files),
-            -1 if limit.bytes is None else max(0, limit.bytes - tally.bytes))
-
-
 def bounded_note(policy, done: tuple[int, int], needed: tuple[int, int], goal: tuple[str, float],
-                 dry_run: bool = False) -> str:
+                 dry_run: bool = False, whole: tuple[str, int, float] | None = None) -> str:
     """Non-empty when max_delete cut short a run that must free space (needed: what its need takes,
     done: what went, goal: ("low", ratio) or ("max_size", bytes)): what went, what is left to free,
-    and the setting to raise."""
+    and the setting to raise; or, an emergency's unit taken whole past it (whole), that."""
     limit = policy.max_delete
-    if limit is None or not limit.exceeded_by(*needed):
+    if limit is None or not exceeds(limit, *needed):
         return ""
     left = max(0, needed[1] - done[1])
     target = f"reach {goal[1]:.0%}" if goal[0] == "low" else f"get under max_size {format_bytes(int(goal[1]))}"
     went = "would go" if dry_run else "deleted"
+    if whole is not None:
+        note = whole_note(whole, limit, dry_run) + (f"; {format_bytes(left)} more to free to {target}, from the "
+                                                    "next run on" if left else "")
+        log.warning("cleanup %s: %s", policy.name, note)
+        return note
     note = (f"max_delete {max_delete_text(limit)} reached: {done[0]} of about {needed[0]} files {went}, oldest "
             f"first; {format_bytes(left)} more to free to {target}; raise max_delete for this policy")
     log.warning("cleanup %s: %s", policy.name, note)

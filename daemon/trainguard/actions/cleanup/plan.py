@@ -21,10 +21,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from trainguard.actions.cleanup.engine import walker
+from trainguard.actions.cleanup.engine.bound import NO_LIMIT, Bound
 from trainguard.actions.cleanup.record.audit import AuditLog
 from trainguard.actions.cleanup.record.report import Tally
 from trainguard.actions.cleanup.safety.inuse import OpenFiles
 from trainguard.actions.cleanup.safety.roots import Root
+from trainguard.sources.fs import usage_from_statvfs
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +51,7 @@ class Ctx:
     dry_run: bool
     now: float
     refused: bool = False  # max_delete refused the plain part of this run (guard.max_delete_guard)
+    whole: tuple[str, int, float] | None = None  # an emergency's unit taken past max_delete (engine/bound.py)
 
     def skip_error(self, path: str, exc: OSError) -> None:
         self.tally.skip_error(path, exc, walker.classify_error)
@@ -70,6 +73,20 @@ class Ctx:
         if not self.dry_run and self.tools.audit is not None:
             self.tools.audit.record_files(self.policy.name, root.mount, parent, files, reason)
         self.tally.deleted_files(parent, files, reason)
+
+    def left(self, need: int = NO_LIMIT) -> Bound:
+        """What max_delete still allows this run, every root so far counted (need: a need's bytes)."""
+        return Bound.left(self.policy.max_delete, self.tally.files, self.tally.bytes, need)
+
+    def take_whole(self, root: Root, relpath: str, files: int, delete: Callable[[], int | None]) -> int:
+        """An emergency's first unit, past what max_delete allows (engine/bound.py): delete() takes it
+        whole and returns the bytes freed; the run then says so."""
+        used = usage_from_statvfs(os.fstatvfs(root.fd)).used_ratio
+        before = self.tally.files
+        freed = delete()
+        if self.tally.files > before:
+            self.whole = (relpath, files, used)
+        return freed or 0
 
     def before_delete(self, relpath: str) -> None:
         if self.tools.hook is not None:

@@ -168,7 +168,7 @@ class CleanupRunner:
         if not watermark and any(needed):  # a size cap
             goal = ("max_size", float(getattr(policy, "max_size", None) or 0))
         done = ctx.tally.files, ctx.tally.bytes
-        bounded = bounded_note(policy, done, needed, goal, ctx.dry_run) if any(needed) else ""
+        bounded = bounded_note(policy, done, needed, goal, ctx.dry_run, ctx.whole) if any(needed) else ""
         return self._report(ctx, trigger, started, tuple(reports), (guard, bounded),
                             (plain[0] + needed[0], plain[1] + needed[1]), needed, goal)
 
@@ -190,7 +190,7 @@ class CleanupRunner:
             finished=self.clock(), roots=roots, files=t.files, bytes=t.bytes, skipped=dict(t.skipped),
             guard=guards[0], bounded=guards[1], needed_files=needed[0], needed_bytes=needed[1],
             max_delete=max_delete_text(ctx.policy.max_delete) if ctx.policy.max_delete else "",
-            goal=goal[0], goal_value=goal[1],
+            goal=goal[0], goal_value=goal[1], whole=ctx.whole,
             items=tuple(t.items), planned_files=planned[0], planned_bytes=planned[1],
             uninspected=len(ctx.tools.open_files.uninspected), dirs_removed=t.dirs, blocked=tuple(t.blocked), blocked_paths=tuple(t.blocked_paths), top_dirs=t.top_dirs(), holders=tuple(t.holders.values()),
             in_use=tuple(t.in_use),

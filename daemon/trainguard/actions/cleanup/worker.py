@@ -56,15 +56,20 @@ class Scheduler:
         for policy in self.runner.policies.values():
             if not policy.enabled:
                 continue
-            if policy.schedule is not None and now - self.last_run.get(policy.name, -1e18) >= policy.schedule:
+            # A due watermark wins over a due schedule: the disk is filling, and the schedule's plain run
+            # may be refused whole by max_delete; the schedule stays due for a cycle without an emergency.
+            if self._watermark_due(policy, snapshot, now):
+                out.append((policy, "watermark"))
+            elif policy.schedule is not None and now - self.last_run.get(policy.name, -1e18) >= policy.schedule:
                 out.append((policy, "schedule"))
-                continue
-            if policy.watermark and now - self.last_watermark.get(policy.name, -1e18) >= WATERMARK_RETRY / 10:
-                # Started at `high`; once cut short by max_delete it goes on below high, down to `low`.
-                threshold = policy.low if policy.name in self.draining else policy.high
-                if any(self._at_or_above(snapshot, root, threshold) for root in self.runner.roots_of(policy)):
-                    out.append((policy, "watermark"))
         return out
+
+    def _watermark_due(self, policy: Policy, snapshot: Snapshot | None, now: float) -> bool:
+        if not policy.watermark or now - self.last_watermark.get(policy.name, -1e18) < WATERMARK_RETRY / 10:
+            return False
+        # Started at `high`; once cut short by max_delete it goes on below high, down to `low`.
+        threshold = policy.low if policy.name in self.draining else policy.high
+        return any(self._at_or_above(snapshot, root, threshold) for root in self.runner.roots_of(policy))
 
     def _at_or_above(self, snapshot: Snapshot | None, root: str, ratio: float) -> bool:
         sample = sample_for_path(snapshot, root)
@@ -80,8 +85,9 @@ class Scheduler:
         return usage.used_ratio >= ratio
 
     def ran(self, report: CleanupReport, now: float) -> None:
-        self.last_run[report.policy] = now
-        if report.trigger == "watermark":
+        if report.trigger != "watermark":  # a watermark run frees only its need: the schedule stays due
+            self.last_run[report.policy] = now
+        else:
             reached = all(r.usage_after is None or r.usage_after <= self.runner.policies[report.policy].low
                           for r in report.roots)
             if not reached and report.files and report.bytes < report.needed_bytes:

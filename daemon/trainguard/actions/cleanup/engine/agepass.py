@@ -21,7 +21,8 @@ from itertools import filterfalse
 
 from trainguard.actions.cleanup import selection as sel
 from trainguard.actions.cleanup.engine import agerules, ahead, walker
-from trainguard.actions.cleanup.engine.agerules import Bound, Rule
+from trainguard.actions.cleanup.engine.agerules import Rule
+from trainguard.actions.cleanup.engine.bound import Bound
 from trainguard.actions.cleanup.engine.cacheunits import CacheUnits
 from trainguard.actions.cleanup.engine.quarantine import PREFIX as PRIVATE
 from trainguard.actions.cleanup.guard import reached
@@ -60,6 +61,8 @@ class Pass(CacheUnits):
         self.locks = sel.globset(kind.lock_globs) if kind else None
         self.units = sel.globset(kind.unit_globs) if kind else None
         self.watermark = False  # need_bytes is a watermark's: the filesystem at low is enough too
+        self.emergency = False  # a watermark run: its first unit goes whole even past max_delete (bound.py)
+        self.pending: list = []  # cache units set aside, settled after one reading of /proc (cacheunits.py)
         self.on_gone = None  # listed: called with (listing, [(name, bytes, age)], files each) as they come
         self.ahead: ahead.Ahead | None = None
         self.before = (0, 0)  # files and bytes when the directory being listed was entered
@@ -199,6 +202,7 @@ class Pass(CacheUnits):
                 lst.data.append((name, ino))  # excluded names are gone already: every directory left is entered
             elif not sel.matches_any_part(name, self.kind_exclude):
                 self.unit(lst, name)  # a cache unit is judged whole, never entered (nor one of the cache's own)
+        self.settle(lst)
         for issue in got.issues:
             self.issue(lst, *issue)
         if got.gone:

@@ -18,6 +18,7 @@ import os
 import stat as stat_mod
 from typing import Callable, NamedTuple, Sequence
 
+from trainguard.actions.cleanup.engine.bound import Bound
 from trainguard.actions.cleanup.engine.quarantine import Changed, Quarantine
 
 try:
@@ -30,7 +31,6 @@ IGNORED, IS_DIR, STAT_ERROR, OTHER_DEV, GRACE, YOUNG, OPEN, EXPIRED, UNLINK_ERRO
 HELD_BACK = 10  # Python only: due, but a process whose files could not be read could hold it (hold_back)
 CHANGED = 11  # deleting: not the entry judged any more (put back; errno set: left under its private name)
 AGE_BITS = {"atime": 1, "mtime": 2, "ctime": 4}
-NO_LIMIT = -1
 # Threads a run judges on: the CPUs this process may run on, at most 4. The compiled judge counts
 # a large batch on them (its lstats; a batch is a directory's names, ~1,000 at a time); a count or a
 # guarded deletion judges several directories at once on them (ahead.py, remembered.py). One batch
@@ -46,19 +46,6 @@ class Rule(NamedTuple):
     now: float
     older_than: float  # due from this age (-inf: every eligible entry, for the oldest a need takes)
     changed_after: float  # changed later than this: within grace
-
-
-class Bound(NamedTuple):
-    """Deleting: what this batch may still unlink. max_files/max_bytes (max_delete) are never
-    exceeded; need_bytes (a watermark or size cap) stops the batch once freed. -1: none."""
-
-    max_files: int = NO_LIMIT
-    max_bytes: int = NO_LIMIT
-    need_bytes: int = NO_LIMIT
-
-    def after(self, files: int, nbytes: int) -> Bound:
-        """What is left of this bound once files of nbytes are unlinked."""
-        return Bound(*(NO_LIMIT if b < 0 else max(0, b - done) for b, done in zip(self, (files, nbytes, nbytes))))
 
 
 class Batch(NamedTuple):
@@ -109,7 +96,7 @@ def judge_batch(dir_fd: int, names: list[str], wanted: bytes | None, rule: Rule,
 
 def _judge_py(dir_fd, names, wanted, rule, is_open, delete, bound, listed, hook, hold_back) -> Batch:
     dev, mask, now, older_than, changed_after = rule
-    max_files, max_bytes, need_bytes = bound
+    need_bytes = bound.need_bytes
     s_isdir, s_isreg, s_islnk = stat_mod.S_ISDIR, stat_mod.S_ISREG, stat_mod.S_ISLNK
     dirs, issues, gone = [], [], []
     files = nbytes = young = grace = unlinked = unlinked_bytes = 0
@@ -149,8 +136,7 @@ def _judge_py(dir_fd, names, wanted, rule, is_open, delete, bound, listed, hook,
             if is_open(ino):
                 issues.append((name, OPEN, 0, ino, size))
                 continue
-            if ((max_files >= 0 and unlinked + 1 > max_files) or (max_bytes >= 0 and unlinked_bytes + size > max_bytes)
-                    or (need_bytes >= 0 and unlinked_bytes >= need_bytes)):
+            if not bound.fits(unlinked + 1, unlinked_bytes + size) or 0 <= need_bytes <= unlinked_bytes:
                 issues.append((name, OVER_BOUND, 0, ino, size))
                 continue
             kept = _delete(quarantine, name, st, size, hook)

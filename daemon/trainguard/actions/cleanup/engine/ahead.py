@@ -23,7 +23,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from trainguard.actions.cleanup.engine import walker
-from trainguard.actions.cleanup.engine.agerules import Bound
+from trainguard.actions.cleanup.engine.bound import Bound
 
 if TYPE_CHECKING:
     from concurrent.futures import Future, ThreadPoolExecutor

@@ -9,7 +9,11 @@ from __future__ import annotations
 import os
 
 from trainguard.actions.cleanup.engine import unittree, walker
+from trainguard.actions.cleanup.engine.aside import set_aside
+from trainguard.actions.cleanup.engine.aside import settle as settle_aside
+from trainguard.actions.cleanup.engine.bound import takes_whole
 from trainguard.actions.cleanup.plan import full_path
+from trainguard.sources.fs import usage_from_statvfs
 
 
 class CacheUnits:
@@ -45,25 +49,56 @@ class CacheUnits:
             if self.listed:
                 self.gone_unit(lst, name, unit, age)
             return
-        max_files, max_bytes, need_bytes = self.bound
-        if ((max_files >= 0 and self.deleted + unit.files > max_files) or (max_bytes >= 0 and self.freed + unit.bytes > max_bytes)
-                or (need_bytes >= 0 and self.freed >= need_bytes)):
+        if 0 <= self.bound.need_bytes <= self.freed:
             self.stopped = True
-            return
+        elif self.bound.fits(self.deleted + unit.files, self.freed + unit.bytes):
+            self.aside(lst, name, path, unit, age)
+        elif takes_whole(self.emergency, self.ctx.tally.files + sum(p[4].files for p in self.pending)):
+            used = usage_from_statvfs(os.fstatvfs(self.root.fd)).used_ratio
+            self.aside(lst, name, path, unit, age, used)  # an emergency's first unit: whole (bound.py)
+        else:
+            self.stopped = True
+
+    def aside(self, lst: walker.Listing, name: str, path: str, unit: unittree.UnitStats, age: float,
+              whole: float | None = None) -> None:
+        """Set a due unit aside (engine/aside.py) unless it is in use now; it counts against the bound
+        until settle() deletes it or puts it back."""
         if self.held(path, unit):
             return
         try:
             st = os.stat(name, dir_fd=lst.fd, follow_symlinks=False)
             self.ctx.before_delete(name)
-            unittree.remove_tree_at(lst.fd, name, self.root.dev, self.root.mnt, st.st_ino)
+            q = set_aside(self.ctx, lst.fd, name, st, path)
         except OSError as exc:
             self.ctx.skip_error(path, exc)
             return
-        self.files += unit.files
-        self.bytes += unit.bytes
-        self.freed += unit.bytes
-        self.deleted += unit.files
-        self.ctx.went(self.root, path, (unit.bytes, unit.files), self.reason, age, True)
+        if q is not None:
+            self.pending.append((q, st, name, path, unit, age, whole))
+            self.deleted += unit.files
+            self.freed += unit.bytes
+
+    def settle(self, lst: walker.Listing) -> None:
+        """The units a batch set aside: one reading of /proc after the last was renamed, then each is
+        checked again and deleted, or put back (and no longer counts against the bound)."""
+        if not self.pending:
+            return
+        ctx, pending, self.pending = self.ctx, self.pending, []
+        ctx.tools.open_files.refresh()
+        for q, st, name, path, unit, age, whole in pending:
+            try:
+                went = settle_aside(ctx, self.root, lst.fd, q, st, path, unit, refresh=False)
+            except OSError as exc:
+                ctx.skip_error(path, exc)
+                went = False
+            if not went:
+                self.deleted -= unit.files
+                self.freed -= unit.bytes
+                continue
+            self.files += unit.files
+            self.bytes += unit.bytes
+            ctx.went(self.root, path, (unit.bytes, unit.files), self.reason, age, True)
+            if whole is not None:
+                ctx.whole = (name, unit.files, whole)
 
     def gone_unit(self, lst: walker.Listing, name: str, unit: unittree.UnitStats, age: float) -> None:
         if self.on_gone is not None:

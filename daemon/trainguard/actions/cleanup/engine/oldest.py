@@ -25,9 +25,10 @@ from typing import NamedTuple
 
 from trainguard.actions.cleanup.engine import walker
 from trainguard.actions.cleanup.engine.agepass import Pass
-from trainguard.actions.cleanup.engine.agerules import NO_LIMIT
+from trainguard.actions.cleanup.engine.bound import Bound, takes_whole
 from trainguard.actions.cleanup.engine.remembered import CHUNK, open_counted
 from trainguard.actions.cleanup.plan import Ctx, full_path
+from trainguard.sources.fs import usage_from_statvfs
 
 BUDGET = 16 << 20  # bytes of chosen entries and their directories held at once, per root
 _ENTRY_COST = 200  # one chosen entry in the heap, its name aside, roughly
@@ -49,9 +50,9 @@ class Oldest:
     """The oldest entries a counting pass saw, within the bounds given (-1: none). need: the bytes the run
     must free, when it is known before the count (a watermark); None: keep all the bounds allow."""
 
-    def __init__(self, need: int | None, max_files: int = NO_LIMIT, max_bytes: int = NO_LIMIT,
-                 budget: int = BUDGET):
-        self.need, self.max_files, self.max_bytes, self.budget = need, max_files, max_bytes, budget
+    def __init__(self, need: int | None, bound: Bound, budget: int = BUDGET, emergency: bool = False):
+        self.need, self.bound, self.budget = need, bound, budget
+        self.emergency = emergency  # the oldest entry alone may be past the bound (bound.takes_whole)
         self.heap: list[tuple[float, int, Entry]] = []  # (age, order seen, entry): the youngest on top
         self.dirs: list[tuple[str, str, os.stat_result]] = []  # (relpath, name in parent, lstat), as counted
         self.files = self.bytes = self.memory = 0
@@ -82,7 +83,8 @@ class Oldest:
         heap = self.heap
         while heap:
             top = heap[0][2]
-            if not (self.memory > self.budget or 0 <= self.max_files < self.files or 0 <= self.max_bytes < self.bytes
+            over = not self.bound.fits(self.files, self.bytes) and not (self.emergency and len(heap) == 1)
+            if not (self.memory > self.budget or over
                     or (self.need is not None and self.bytes - top.bytes >= self.need)):
                 return
             heapq.heappop(heap)
@@ -120,6 +122,10 @@ def delete(p: Pass, dirs: list[tuple[str, str, os.stat_result]], entries: list[E
         _list(ctx, p, dirs, entries)
         return
     ctx.tools.open_files.refresh()  # what is open now, not when the count began
+    held = ctx.tools.open_files.unknown(root.dev)
+    if held:  # attached since the count: the kernel holds a file here that cannot be identified
+        p.busy = f"in use: {held}"
+        return
     opened = _Dirs(p, dirs)
     try:
         for index, group in groupby(entries, key=lambda e: e.dir):
@@ -148,16 +154,17 @@ def delete(p: Pass, dirs: list[tuple[str, str, os.stat_result]], entries: list[E
 
 def _list(ctx: Ctx, p: Pass, dirs, entries: list[Entry]) -> None:
     """A dry run: each chosen entry, as a run would delete it, within max_delete."""
-    max_files, max_bytes, _need = p.bound
     for e in entries:
-        if ((max_files >= 0 and p.deleted + e.files > max_files)
-                or (max_bytes >= 0 and p.freed + e.bytes > max_bytes)):
+        unit = e.files > 1 or p.units is not None and not dirs[e.dir][0] and p.units(e.name, e.name)
+        fits = p.bound.fits(p.deleted + e.files, p.freed + e.bytes)
+        if not fits and not (unit and takes_whole(p.emergency, ctx.tally.files)):  # as cacheunits.py decides
             break
+        if not fits:
+            ctx.whole = (e.name, e.files, usage_from_statvfs(os.fstatvfs(p.root.fd)).used_ratio)
         p.deleted += e.files
         p.freed += e.bytes
         path = full_path(p.root, dirs[e.dir][0] + "/" + e.name if dirs[e.dir][0] else e.name)
-        ctx.went(p.root, path, (e.bytes, e.files), p.reason, e.age, e.files > 1 or p.units is not None
-                 and not dirs[e.dir][0] and p.units(e.name, e.name))
+        ctx.went(p.root, path, (e.bytes, e.files), p.reason, e.age, unit)
 
 
 class _Dirs:

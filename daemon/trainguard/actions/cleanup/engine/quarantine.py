@@ -85,6 +85,17 @@ class Quarantine:
         except OSError as exc:
             self.failed.append((name, exc.errno or errno.EIO, st.st_ino))
 
+    def restore(self) -> int:
+        """Put what private holds back under its name, never replacing: 0, or why it stays private."""
+        if self.held is None:
+            return 0
+        (name, _st), self.held = self.held, None
+        return self._put_back(self.private, name)
+
+    def forget(self) -> None:
+        """Hand what private holds to the caller (a directory unit it removes as a tree)."""
+        self.held = None
+
     def unlink(self, name: str, judged: os.stat_result) -> None:
         """Delete name if it is still the entry judged (gone once this returns: it is counted; private holds
         it until the next call or release()); raise Changed (put back) or OSError (kept)."""

@@ -22,7 +22,7 @@ from collections import deque
 
 from trainguard.actions.cleanup.engine import agerules, walker
 from trainguard.actions.cleanup.engine.agepass import Pass
-from trainguard.actions.cleanup.engine.agerules import Bound
+from trainguard.actions.cleanup.engine.bound import Bound
 from trainguard.actions.cleanup.plan import Ctx
 from trainguard.actions.cleanup.safety.roots import Root
 

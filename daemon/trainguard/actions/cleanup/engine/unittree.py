@@ -21,6 +21,7 @@ class UnitStats(NamedTuple):
     multi_linked: bool  # some file also lives elsewhere (e.g. a conda package linked into an env)
     problems: int
     mounts: int = 0  # mount points inside (a bind mount): such a unit is never deleted
+    inside_change: float = 0.0  # newest mtime/ctime below the directory (its own ctime aside: a rename sets it)
 
 
 def measure_unit(parent_fd: int, name: str, dev: int, mnt: int | None, hook: Hook | None = None) -> UnitStats:
@@ -41,6 +42,7 @@ def measure_unit(parent_fd: int, name: str, dev: int, mnt: int | None, hook: Hoo
         multi = False
 
         mounts = 0
+        inside = 0.0
 
         def count(p: WalkProblem) -> None:
             nonlocal problems, mounts
@@ -50,7 +52,8 @@ def measure_unit(parent_fd: int, name: str, dev: int, mnt: int | None, hook: Hoo
 
         for entry in walk(fd, dev=dev, on_problem=count, hook=hook, mnt=mnt):
             st = entry.st
-            newest = max(newest, st.st_mtime, st.st_ctime)
+            inside = max(inside, st.st_mtime, st.st_ctime)
+            newest = max(newest, inside)
             if not entry.is_dir:
                 if stat.S_ISREG(st.st_mode):  # a symlink's own times are not a use of the data
                     accessed = max(accessed, st.st_atime, st.st_mtime)
@@ -60,7 +63,8 @@ def measure_unit(parent_fd: int, name: str, dev: int, mnt: int | None, hook: Hoo
                 else:
                     total += st.st_blocks * 512
                 inodes.append((st.st_dev, st.st_ino))
-        return UnitStats(total, files, newest, accessed or newest, inodes, multi, problems, mounts)
+        return UnitStats(total, files, newest, accessed or newest, inodes, multi, problems, mounts,
+                         max(inside, dst.st_mtime))
     finally:
         os.close(fd)
 

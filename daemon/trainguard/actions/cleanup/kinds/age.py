@@ -22,8 +22,7 @@ from dataclasses import dataclass, field
 from trainguard.actions.cleanup import selection as sel
 from trainguard.actions.cleanup.engine import oldest, remembered
 from trainguard.actions.cleanup.engine.agepass import Pass
-from trainguard.actions.cleanup.engine.agerules import NO_LIMIT, Bound
-from trainguard.actions.cleanup.guard import allowed
+from trainguard.actions.cleanup.engine.bound import Bound
 from trainguard.actions.cleanup.plan import Ctx, Planned, full_path
 from trainguard.actions.cleanup.safety.roots import Root
 from trainguard.config import AgePolicy
@@ -87,7 +86,7 @@ class AgeKind:
             plan = AgePlan(p.files, p.bytes, young=p.young)
         else:
             p = Pass(ctx, root, -math.inf, reports=ctx.dry_run, listed=True)
-            count = _Count(policy, need, capped, allowed(policy.max_delete, ctx.tally))
+            count = _Count(policy, need, capped, ctx.left())
             p.on_gone = count.add
             p.run()
             plan = count.done()
@@ -119,7 +118,7 @@ class AgeKind:
         elif plan.remembered is not None:
             older_than = ctx.policy.older_than if ctx.policy.older_than is not None else math.inf
             problems.append(remembered.delete_remembered(ctx, root, plan.remembered, older_than,
-                                                         Bound(*_left(ctx.policy.max_delete, ctx)),
+                                                         _left(ctx),
                                                          ctx.policy.remove_empty_dirs))
         elif ctx.policy.older_than is not None:
             problems.append(_delete_expired(ctx, root, plan))
@@ -132,11 +131,11 @@ class _Count:
     """A need's count (a watermark, a size cap), from every eligible entry's (name, bytes, age) as a
     listing pass hands them out: totals, and the oldest entries the need takes (oldest.Oldest)."""
 
-    def __init__(self, policy, need: int | None, capped: bool, bound: tuple[int, int]):
+    def __init__(self, policy, need: int | None, capped: bool, bound: Bound):
         self.policy, self.need, self.capped, self.plan = policy, need, capped, AgePlan()
         # A watermark knows its need before the count, and takes only due entries; a size cap knows its
         # need only after it, and takes any entry.
-        self.heap = oldest.Oldest(None if capped else need, *bound)
+        self.heap = oldest.Oldest(None if capped else need, bound, emergency=need is not None)
 
     def add(self, lst, gone: list[tuple[str, int, float]], files: int = 1) -> None:
         plan, older_than = self.plan, self.policy.older_than
@@ -170,13 +169,16 @@ def _delete_chosen(ctx: Ctx, root: Root, plan: AgePlan, watermark: bool) -> dict
     policy = ctx.policy
     need = max(plan.need, plan.cap_need)
     p = Pass(ctx, root, plan.chosen[-1].age, delete=not ctx.dry_run,
-             bound=Bound(*allowed(policy.max_delete, ctx.tally), need))
+             bound=ctx.left(need))
     if watermark:
         p.reason = sel.age_reason(policy, True)
     else:
         p.reason = f"{policy.type}: over max_size {format_bytes(policy.max_size)}, least recently used first"
     p.watermark = watermark and not plan.cap_need  # a watermark alone: the filesystem at low is enough too
+    p.emergency = watermark
     oldest.delete(p, plan.selection.dirs, plan.chosen)
+    if p.busy:
+        ctx.tally.skip("in-use", root.path, p.busy)
     return dict(p.scratch.skipped)
 
 
@@ -185,7 +187,7 @@ def _delete_expired(ctx: Ctx, root: Root, plan: AgePlan) -> dict[str, int]:
     max_delete; the quiet skips it saw."""
     policy = ctx.policy
     p = Pass(ctx, root, policy.older_than, delete=not ctx.dry_run, reports=not ctx.dry_run, listed=ctx.dry_run,
-             bound=Bound(*_left(policy.max_delete, ctx)),
+             bound=_left(ctx),
              remove_dirs=isinstance(policy, AgePolicy) and policy.remove_empty_dirs)
     p.reason = sel.age_reason(policy, False)
     if ctx.dry_run:
@@ -195,9 +197,9 @@ def _delete_expired(ctx: Ctx, root: Root, plan: AgePlan) -> dict[str, int]:
     return dict(p.scratch.skipped)
 
 
-def _left(limit, ctx: Ctx) -> tuple[int, int]:
+def _left(ctx: Ctx) -> Bound:
     """What max_delete still allows a plain pass; a dry run of one shows every due entry."""
-    return (NO_LIMIT, NO_LIMIT) if ctx.dry_run else allowed(limit, ctx.tally)
+    return Bound() if ctx.dry_run else ctx.left()
 
 
 def _lister(ctx: Ctx, root: Root, p: Pass, listed: set[tuple[str, str]]):

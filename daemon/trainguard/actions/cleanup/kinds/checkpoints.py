@@ -8,7 +8,9 @@ import stat as stat_mod
 
 from trainguard.actions.cleanup import selection as sel
 from trainguard.actions.cleanup.engine import unittree, walker
-from trainguard.actions.cleanup.guard import allowed, reached
+from trainguard.actions.cleanup.engine.aside import delete_aside
+from trainguard.actions.cleanup.engine.bound import takes_whole
+from trainguard.actions.cleanup.guard import reached
 from trainguard.actions.cleanup.plan import Ctx, Planned, full_path
 from trainguard.actions.cleanup.safety.inuse import in_grace
 from trainguard.actions.cleanup.safety.roots import Root
@@ -17,6 +19,9 @@ from trainguard.actions.cleanup.safety.roots import Root
 class CheckpointsKind:
     def plan(self, ctx: Ctx, root: Root, need: int | None) -> Planned:
         ctx.tools.open_files.refresh()
+        held = ctx.tools.open_files.unknown(root.dev)
+        if held:  # the kernel holds a file that could be here and cannot be identified (kernel_holders.py)
+            return Planned(note=f"in use: {held}")
         items = list(_scan(ctx, root))
         cands = sel.select_checkpoints(root.path, items, ctx.policy, ctx.now)
         kept = sum(1 for i in items if not i.busy) - len(cands)
@@ -36,10 +41,12 @@ class CheckpointsKind:
         for cand in planned.data:  # oldest first
             if need is not None and reached(root, need, freed, ctx.dry_run, ctx.policy.low):
                 return
-            files, nbytes = allowed(ctx.policy.max_delete, ctx.tally)
-            if 0 <= files < cand.files or 0 <= nbytes < cand.bytes:
+            if ctx.left().fits(cand.files, cand.bytes):
+                freed += _delete_one(ctx, root, cand)
+            elif takes_whole(need is not None, ctx.tally.files):  # an emergency's first checkpoint: whole
+                freed += ctx.take_whole(root, cand.relpath, cand.files, lambda c=cand: _delete_one(ctx, root, c))
+            else:
                 return  # max_delete: a watermark run goes no further (a plain one never gets here)
-            freed += _delete_one(ctx, root, cand)
 
 
 def _scan(ctx: Ctx, root: Root):
@@ -114,16 +121,17 @@ def _delete_one(ctx: Ctx, root: Root, cand: sel.Candidate) -> int:
         if (st.st_dev, st.st_ino) != (cand.dev, cand.ino):
             ctx.tally.skip("replaced", path, "not the entry that was judged")
             return 0
-        sized = _recheck(ctx, root, pfd, name, st, cand, path)
+        unit = _recheck(ctx, root, pfd, name, st, cand, path)
         now = ctx.tools.clock()
-        if sized is None:
+        if unit is None:
             return 0
+        sized = (unit.bytes, unit.files) if cand.is_unit else (sel.freed_bytes(st), 1)
         if not ctx.dry_run:
             ctx.before_delete(cand.relpath)
-            if cand.is_unit:
-                unittree.remove_tree_at(pfd, name, root.dev, root.mnt, cand.ino)
-            else:
-                os.unlink(name, dir_fd=pfd)
+            # Renamed aside, checked again, then deleted: a checkpoint saved again under the same name
+            # (last.ckpt) or opened since the scan is kept (engine/aside.py).
+            if not delete_aside(ctx, root, pfd, name, st, path, unit if cand.is_unit else None):
+                return 0
         ctx.went(root, path, sized, cand.reason, now - cand.age_ts, cand.is_unit)
         return sized[0]
     except OSError as exc:
@@ -134,13 +142,16 @@ def _delete_one(ctx: Ctx, root: Root, cand: sel.Candidate) -> int:
 
 
 def _recheck(ctx: Ctx, root: Root, pfd: int, name: str, st: os.stat_result, cand: sel.Candidate,
-             path: str) -> tuple[int, int] | None:
-    """Grace, open files and mount points just before the delete: (bytes, files), or None to skip."""
+             path: str) -> unittree.UnitStats | bool | None:
+    """Grace, open files and mount points just before the delete: a unit's measure (a file: True),
+    or None to skip."""
     of, now = ctx.tools.open_files, ctx.tools.clock()
     if cand.is_unit:
         unit = unittree.measure_unit(pfd, name, root.dev, root.mnt, ctx.tools.hook)
         of.refresh()  # just before the delete
-        if now - unit.newest_change < ctx.policy.grace:
+        if of.unknown(st.st_dev):
+            ctx.tally.skip("in-use", path, of.unknown(st.st_dev))
+        elif now - unit.newest_change < ctx.policy.grace:
             ctx.tally.skip("grace", path)
         elif unit.problems:
             ctx.tally.skip("mount-point" if unit.mounts else "unreadable", path)
@@ -149,15 +160,17 @@ def _recheck(ctx: Ctx, root: Root, pfd: int, name: str, st: os.stat_result, cand
         elif of.unverifiable(st):
             ctx.tally.skip("unverifiable-open", path)
         else:
-            return unit.bytes, unit.files
+            return unit
         return None
     of.refresh()
-    if in_grace(st, now, ctx.policy.grace):
+    if of.unknown(st.st_dev):
+        ctx.tally.skip("in-use", path, of.unknown(st.st_dev))
+    elif in_grace(st, now, ctx.policy.grace):
         ctx.tally.skip("grace", path)
     elif of.is_open(st.st_dev, st.st_ino):
         ctx.skip_open(path, [(st.st_dev, st.st_ino)])
     elif of.unverifiable(st):
         ctx.tally.skip("unverifiable-open", path)
     else:
-        return sel.freed_bytes(st), 1
+        return True
     return None

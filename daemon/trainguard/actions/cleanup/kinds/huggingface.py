@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from trainguard.actions.cleanup import selection as sel
 from trainguard.actions.cleanup.engine import unittree, walker
-from trainguard.actions.cleanup.guard import allowed
+from trainguard.actions.cleanup.engine.aside import delete_aside
+from trainguard.actions.cleanup.engine.bound import takes_whole
 from trainguard.actions.cleanup.kinds.age import AgeKind
 from trainguard.actions.cleanup.plan import Ctx, Planned, full_path
 from trainguard.actions.cleanup.safety.roots import Root
@@ -61,10 +62,13 @@ class HfKind:
             return
         taken, due, repos = planned.data
         for rev in taken + ([] if ctx.refused else due):
-            files, nbytes = allowed(ctx.policy.max_delete, ctx.tally)
-            if 0 <= files < 1 + len(rev.blobs) or 0 <= nbytes < rev.bytes:
+            if ctx.left().fits(1 + len(rev.blobs), rev.bytes):
+                _delete_revision(ctx, root, rev)
+            elif need is not None and takes_whole(rev in taken, ctx.tally.files):  # an emergency's first: whole
+                ctx.take_whole(root, f"{rev.repo}@{rev.commit[:12]}", 1 + len(rev.blobs),
+                               lambda r=rev: _delete_revision(ctx, root, r))
+            else:
                 break  # max_delete: no more revisions in this run
-            _delete_revision(ctx, root, rev)
         self.repos.execute(ctx, root, repos, need)
 
 
@@ -231,8 +235,10 @@ def _delete_revision(ctx: Ctx, root: Root, rev: Detached) -> None:
         try:
             st = os.stat(rev.commit, dir_fd=snaps, follow_symlinks=False)
             if not ctx.dry_run:
+                unit = unittree.measure_unit(snaps, rev.commit, root.dev, root.mnt, ctx.tools.hook)
                 ctx.before_delete(f"{rev.repo}/snapshots/{rev.commit}")
-                unittree.remove_tree_at(snaps, rev.commit, root.dev, root.mnt, st.st_ino)
+                if not delete_aside(ctx, root, snaps, rev.commit, st, path, unit):  # renamed aside, checked again
+                    return
         finally:
             os.close(snaps)
         ctx.went(root, path, (0, 1), reason, ctx.now - rev.last_use, True)
@@ -262,8 +268,8 @@ def _delete_blobs(ctx: Ctx, root: Root, repo_fd: int, rev: Detached, reason: str
                 if st.st_ino != ino:
                     ctx.tally.skip("replaced", path, "not the blob that was judged")
                     continue
-                if not ctx.dry_run:
-                    os.unlink(name, dir_fd=blobs_fd)
+                if not ctx.dry_run and not delete_aside(ctx, root, blobs_fd, name, st, path):
+                    continue  # downloaded again, or opened, since it was judged: kept
                 ctx.went(root, path, (nbytes, 1), reason, ctx.now - rev.last_use)
             except OSError as exc:
                 ctx.skip_error(path, exc)

@@ -73,6 +73,7 @@ class CleanupReport:
     max_delete: str = ""  # the policy's bound, as written for people ("10000 files")
     goal: str = ""  # what the need reaches: "low" (a watermark; goal_value the ratio) or "max_size" (bytes)
     goal_value: float = 0.0
+    whole: tuple[str, int, float] | None = None  # an emergency's unit taken past max_delete: (unit, files, used)
     items: tuple[Item, ...] = ()  # the first max_items entries
     planned_files: int = 0
     planned_bytes: int = 0
@@ -312,7 +313,7 @@ def findings_for(report: CleanupReport) -> list[Finding]:
             key=f"cleanup.bounded:{report.policy}", severity=Severity.WARNING,
             summary=f"cleanup {report.policy}: {report.bounded}",
             details={**details, "left_bytes": left, "max_delete": report.max_delete, "goal": report.goal,
-                     "goal_value": report.goal_value},
+                     "goal_value": report.goal_value, **_whole(report.whole)},
             labels={**labels, "mountpoint": report.mounts[0] if report.mounts else ""}, value=float(left),
             hint=f"raise max_delete for policy {report.policy} (or set max_delete = false); "
                  f"trainguard cleanup --dry-run --policy {report.policy} shows what a run takes now",
@@ -338,3 +339,10 @@ def _blocked_finding(report: CleanupReport, details: dict, labels: dict) -> Find
              "ReadWritePaths= (systemctl edit trainguard, then restart); elsewhere remount it "
              "read-write or fix its permissions",
     )
+
+
+def _whole(whole: tuple[str, int, float] | None) -> dict:
+    """An emergency's unit taken past max_delete, as the finding's facts."""
+    if whole is None:
+        return {}
+    return {"whole_unit": whole[0], "whole_files": whole[1], "whole_used": whole[2]}

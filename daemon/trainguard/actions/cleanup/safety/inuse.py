@@ -15,7 +15,7 @@ import time
 from array import array
 from typing import Callable, Iterable, Union
 
-from trainguard.actions.cleanup.safety.kernel_holders import KernelHolders
+from trainguard.actions.cleanup.safety.kernel_holders import ANYWHERE, KernelHolders
 from trainguard.actions.cleanup.safety.uninspected import HoldBack, Uninspected, read_uninspected
 
 log = logging.getLogger(__name__)
@@ -153,8 +153,10 @@ class OpenFiles:
         return self.hold_back is not None and self.hold_back(st)
 
     def unknown(self, dev: int) -> str | None:
-        """What the kernel holds on device dev that could not be identified (its filesystem did not answer)."""
-        return self._fresh().unknown.get(dev)
+        """What the kernel holds that could not be identified and could be on device dev: on a filesystem
+        that did not answer, or a loop device whose backing file cannot be told from here (anywhere)."""
+        unknown = self._fresh().unknown
+        return unknown.get(dev) or unknown.get(ANYWHERE)
 
     def keys(self):
         """The (dev, ino) index itself, for a hot loop's first look (then is_open or holder)."""

@@ -7,8 +7,14 @@ cannot be deleted at all (EPERM). inuse.OpenFiles keeps them like open files, by
 - loop devices: /sys/block/loopN/loop/backing_file says which file (its path as of now: it follows
   renames and reads "... (deleted)" once unlinked) and whether it is attached; its identity comes
   from the loop driver (LOOP_GET_STATUS64 on /dev/loopN: lo_device, lo_inode), right even when the
-  path is deleted or seen from another mount namespace; without /dev/loopN (a container), from an
-  lstat of the path;
+  path is deleted or seen from another mount namespace. Without /dev/loopN (a container), from an
+  lstat of the path, trusted only when the file there has the loop's size (sysfs: size, loop/offset,
+  loop/sizelimit). Otherwise (the path shows the host's view, or another file stands there; sysfs
+  has no inode) the holder is unidentified: it could be any file on any filesystem, so it is
+  `unknown` everywhere (ANYWHERE) and cleanup leaves every root alone until it can be identified,
+  with one warning per loop device naming it (fail closed: a guess here deletes a mounted image).
+  A path that is here but hidden by permissions (a daemon without root) narrows that to the roots on
+  the filesystem holding the path: only a bind mount of its directory could show the image elsewhere;
 - swap files: /proc/swaps, type "file", identified by an lstat of the path.
 
 Either way the identity is an attribute lookup on the backing file's filesystem. A local one answers
@@ -20,9 +26,11 @@ leaves a root on that filesystem alone until it answers.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
+import stat
 import struct
 import threading
 from dataclasses import dataclass
@@ -38,6 +46,7 @@ _LOOP_INFO64 = struct.Struct("=QQ")  # struct loop_info64 begins with lo_device,
 _LOOP_INFO64_SIZE = 232
 DELETED = " (deleted)"
 ANSWER = 1.0  # seconds a network or FUSE filesystem gets to say a backing file's device and inode
+ANYWHERE = -1  # `unknown`'s key for a holder that could be on any filesystem
 _MAY_HANG = (MountKind.NETWORK, MountKind.FUSE)
 
 
@@ -54,21 +63,24 @@ class KernelHolders:
     def __init__(self, proc_root: str = "/proc", sys_root: str = "/sys", dev_root: str = "/dev"):
         self.proc_root, self.sys_root, self.dev_root = proc_root, sys_root, dev_root
         self._asking: dict[str, _Question] = {}
+        self._told: dict[str, str] = {}  # loop device -> backing path, warned about as unidentified
 
     def read(self) -> tuple[list[KernelHolder], dict[int, str]]:
         """(the holders identified, {device of a mount that did not answer: what it holds there})."""
         loops, swaps = self._loops(), self._swaps()
         if not loops and not swaps:
+            self._told = {}
             return [], {}  # the usual case: no mount table read
         try:
             mounts = read_mounts(self.proc_root, own=True)
         except OSError:
             mounts = []
-        found = [(path, _loop_what(name, mounts), lambda d=os.path.join(self.dev_root, name), p=path: _loop_identity(d, p))
+        found = [(path, _loop_what(name, mounts), lambda n=name, p=path: self._loop_identity(n, p))
                  for name, path in loops]
         found += [(path, "active swap file", lambda p=path: _lstat_identity(p)) for path in swaps]
         held: list[KernelHolder] = []
         unknown: dict[int, str] = {}
+        unidentified: dict[str, str] = {}
         for path, what, identify in found:
             mount = containing_mount(path.removesuffix(DELETED), mounts) if path.startswith("/") else None
             if mount is not None and mount.kind in _MAY_HANG:
@@ -81,11 +93,50 @@ class KernelHolders:
                     ident = identify()
                 except OSError as exc:
                     ident = exc
-            if isinstance(ident, OSError):  # gone meanwhile, or not reachable from here
+            if isinstance(ident, Unidentified):
+                unidentified[ident.device] = path
+                # Hidden by permissions, the path is here: only its filesystem's roots (bind mounts too) could hold it.
+                where = ANYWHERE if not ident.hidden or mount is None else os.makedev(mount.major, mount.minor)
+                unknown.setdefault(where, f"{what}: {path} (which file it is cannot be told from here)")
+                continue
+            if isinstance(ident, OSError):  # detached, or the swap file gone, meanwhile
                 log.debug("cleanup: cannot identify the %s %s: %s", what, path, ident)
                 continue
             held.append(KernelHolder(ident[0], ident[1], what))
+        self._tell(unidentified)
         return held, unknown
+
+    def _tell(self, unidentified: dict[str, str]) -> None:
+        """One warning per loop device whose backing file cannot be identified, until that changes."""
+        for device, path in unidentified.items():
+            if self._told.get(device) != path:
+                log.warning("cleanup: cannot tell which file %s is backed by (%s: %s cannot be opened here, and no "
+                            "file with the loop's size stands at that path); cleanup roots where it could be "
+                            "are left alone while it is attached. Give trainguard %s (read-only), or see the image at the same "
+                            "path as the host does", device, path, device, device)
+        self._told = unidentified
+
+    def _loop_identity(self, name: str, path: str) -> tuple[int, int]:
+        """(st_dev, st_ino) of loopN's backing file, from the driver; else from its path when the file
+        there has the loop's size; else Unidentified. ENXIO: detached meanwhile."""
+        device = os.path.join(self.dev_root, name)
+        try:
+            return _driver_identity(device, _read(os.path.join(self.sys_root, "block", name, "dev")))
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:
+                raise  # detached meanwhile
+            # no such node here (a container), not allowed to open it, or a node of another device
+        hidden = False
+        if not path.endswith(DELETED):
+            try:
+                st = os.lstat(path)
+            except OSError as exc:
+                st, hidden = None, exc.errno in (errno.EACCES, errno.EPERM)
+            if st is not None and stat.S_ISREG(st.st_mode) and _loop_size_fits(self.sys_root, name, st.st_size):
+                return st.st_dev, st.st_ino
+        if not os.path.exists(os.path.join(self.sys_root, "block", name, "loop", "backing_file")):
+            raise OSError(errno.ENXIO, "detached", device)
+        raise Unidentified(f"/dev/{name}", hidden)
 
     def _loops(self) -> list[tuple[str, str]]:
         """(loopN, backing file path) of every attached loop device."""
@@ -151,15 +202,40 @@ class _Question:
         self.done.set()
 
 
-def _loop_identity(device: str, path: str) -> tuple[int, int]:
-    """(st_dev, st_ino) of a loop device's backing file, from the driver; else from its path."""
+class Unidentified(OSError):
+    """A loop device is attached, but which file backs it cannot be told from here."""
+
+    def __init__(self, device: str, hidden: bool = False):
+        super().__init__(errno.ENODEV, "backing file cannot be identified", device)
+        self.device = device
+        self.hidden = hidden  # its path is here, but this process may not look: on that path's filesystem
+
+
+def _loop_size_fits(sys_root: str, name: str, size: int) -> bool:
+    """Whether a file of size bytes is what loopN maps: its sectors from the offset (to sizelimit)."""
+    base = os.path.join(sys_root, "block", name)
     try:
-        fd = os.open(device, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:
-        if path.endswith(DELETED):
-            raise
-        return _lstat_identity(path)
+        sectors, offset, limit = (int(_read(os.path.join(base, *p))) for p in (("size",), ("loop", "offset"),
+                                                                                ("loop", "sizelimit")))
+    except (OSError, ValueError):
+        return False
+    mapped = size - offset if not limit else min(limit, size - offset)
+    return mapped >= 0 and mapped // 512 == sectors
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="ascii") as fh:
+        return fh.read().strip()
+
+
+def _driver_identity(device: str, numbers: str) -> tuple[int, int]:
+    """(st_dev, st_ino) of a loop device's backing file, from the loop driver (LOOP_GET_STATUS64);
+    numbers: the device's "major:minor" from sysfs, which the node opened must be."""
+    fd = os.open(device, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     try:
+        rdev = os.fstat(fd).st_rdev
+        if f"{os.major(rdev)}:{os.minor(rdev)}" != numbers:
+            raise OSError(errno.ENODEV, f"not the node of loop device {numbers}", device)
         info = bytearray(_LOOP_INFO64_SIZE)
         fcntl.ioctl(fd, LOOP_GET_STATUS64, info)
     finally:
