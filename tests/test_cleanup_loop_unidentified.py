@@ -14,9 +14,11 @@ import ast
 import contextlib
 import logging
 import os
+import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -149,24 +151,29 @@ from trainguard.actions.cleanup.safety.kernel_holders import ANYWHERE, KernelHol
 holders = KernelHolders()
 os.setgroups([]); os.setgid(65533); os.setuid(65533)  # a daemon without root: the image's directory is closed to it
 _held, unknown = holders.read()
-print(repr({"anywhere" if dev == ANYWHERE else dev: what for dev, what in unknown.items()}))
+print(repr(({"anywhere" if dev == ANYWHERE else dev: what for dev, what in unknown.by_dev.items()},
+            [(place.dev, place.path, what) for place, what in unknown.hidden])))
 """
 
 
-def test_a_path_hidden_by_permissions_holds_only_the_filesystem_it_is_on(tmp_path):
+def test_a_path_hidden_by_permissions_is_placed_in_its_filesystem():
     """Without root, /dev/loopN cannot be opened and a root-only directory cannot be looked into, yet the
-    path is here: the image can be under a root only through a bind mount of its filesystem, so the roots
-    on that filesystem stay and the others (not named `anywhere` for it) go on."""
+    path is here: the image is placed in its filesystem (its device, its path from that filesystem's top),
+    not held anywhere; which roots that place is under: tests/test_cleanup_loop_hidden.py."""
     if reason := root_reason(need_loop=True):
         pytest.skip(reason)
-    fs = tmp_path / "fs"
+    base = Path(tempfile.mkdtemp(prefix="tg-hidden-", dir="/tmp"))  # reachable by uid 65533, unlike tmp_path
+    os.chmod(base, 0o755)
+    fs = base / "fs"
     with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, base, ignore_errors=True)
         stack.enter_context(mounted("tg-test-tmpfs", fs, "-t", "tmpfs", "-o", "size=64m,mode=0700"))
         image = ext4_image(fs / "secret" / "data.img")
         device = stack.enter_context(attached(image))
         daemon = str(Path(__file__).resolve().parents[1] / "daemon")
         out = subprocess.run([sys.executable, "-c", HIDDEN, daemon], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
-        unknown = ast.literal_eval(out.stdout.strip())
-        mine = {key: what for key, what in unknown.items() if device + " " in what}
-        assert list(mine) == [os.stat(fs).st_dev], unknown
+        by_dev, hidden = ast.literal_eval(out.stdout.strip())
+        assert not [what for what in by_dev.values() if device + " " in what], by_dev
+        mine = [(dev, path) for dev, path, what in hidden if device + " " in what]
+        assert mine == [(os.stat(fs).st_dev, "/secret/data.img")], hidden

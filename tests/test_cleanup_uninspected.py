@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.daemon_proc import REPO
+from tests.support.mounts import root_reason
+from tests.test_cleanup_inuse import attached
 from trainguard.actions.cleanup.safety.uninspected import HoldBack, Uninspected, read_uninspected
 
 RUNNER, HOLDER = 65533, 65534  # the cleanup's user, the other user (nobody)
@@ -135,17 +137,40 @@ os.execv(sys.executable, [sys.executable, "-m", "trainguard", *argv])
 """
 
 
-def _cleanup_as_runner(base: Path, *extra: str, namespace: bool = True) -> subprocess.CompletedProcess:
+def _cleanup_as_runner(base: Path, *extra: str, namespace: bool = True,
+                       holder: bool = True) -> subprocess.CompletedProcess:
+    """`trainguard cleanup` as uid 65533 on base's config; in a PID namespace, beside the holder (unless
+    holder=False: then it is the namespace's only process)."""
     argv = ["cleanup", "--config", str(base / "config.toml"), "--state-dir", str(base / "state"), *extra]
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(base), "LANG": "C.UTF-8",
            "PYTHONPATH": str(REPO / "daemon"), "PYTHONDONTWRITEBYTECODE": "1"}
     pid_ns = ["--pid", "--fork", "--mount-proc"] if namespace else []
-    held = str(base / "old" / "held-open.bin") if namespace else "-"
+    held = str(base / "old" / "held-open.bin") if namespace and holder else "-"
     cmd = ["unshare", "--mount", *pid_ns, sys.executable, "-c", LAUNCHER, str(base), held, *argv]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
 
 
-def test_a_run_that_cannot_inspect_another_users_process_keeps_what_it_could_have_open(tree):
+@pytest.fixture(params=["alone", "beside-a-hidden-loop-image"])
+def elsewhere(request):
+    """Nothing, or a loop image attached in a 0700 directory of its own under /tmp (the tree's filesystem):
+    the run cannot look into it, yet it is not under the tree's root, so it holds nothing there."""
+    if request.param == "alone":
+        yield
+        return
+    if reason := root_reason(need_loop=True):
+        pytest.skip(reason)
+    secret = Path(tempfile.mkdtemp(prefix="tg-other-image-", dir="/tmp"))  # 0700, root's
+    image = secret / "disk.img"
+    with open(image, "wb") as fh:
+        fh.truncate(1 << 20)
+    try:
+        with attached(image):
+            yield
+    finally:
+        shutil.rmtree(secret, ignore_errors=True)
+
+
+def test_a_run_that_cannot_inspect_another_users_process_keeps_what_it_could_have_open(tree, elsewhere):
     why = _reason()
     if why:
         pytest.skip(why)

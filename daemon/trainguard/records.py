@@ -30,6 +30,7 @@ class Mount:
     kind: MountKind
     root: str = "/"  # path inside the filesystem that is mounted here (bind mounts)
     options: str = ""
+    mount_id: int = 0  # mountinfo's first field (an fd's mnt_id); 0: not read from mountinfo
 
 
 @dataclass(frozen=True, slots=True)

@@ -89,6 +89,7 @@ def _parse(text: str) -> list[Mount]:
         mounts.append(Mount(
             mount_point=unescape(fields[4]), fstype=fstype, source=unescape(tail[1]), major=major, minor=minor,
             kind=classify(fstype) or MountKind.LOCAL, root=unescape(fields[3]), options=fields[5],
+            mount_id=int(fields[0]) if fields[0].isdigit() else 0,
         ))
     return mounts
 

@@ -70,7 +70,7 @@ class Pass(CacheUnits):
     def run(self) -> None:
         root, ctx = self.root, self.ctx
         ctx.tools.open_files.refresh()
-        held = ctx.tools.open_files.unknown(root.dev)
+        held = ctx.tools.open_files.unknown(root.dev, root.path, root.mnt)
         if held:  # the kernel holds a file here whose inode its filesystem did not tell (kernel_holders.py)
             self.busy = f"in use: {held} could not be identified (its filesystem does not answer)"
             return

@@ -85,7 +85,7 @@ def _still_judged(ctx: Ctx, root: Root, parent_fd: int, private: str, judged: os
     of = ctx.tools.open_files
     if refresh:
         of.refresh()  # after the rename: whoever opened it since the last scan is seen now
-    held = of.unknown(judged.st_dev)
+    held = of.unknown(judged.st_dev, root.path, root.mnt)
     if held:
         ctx.tally.skip("in-use", path, held)
         return "in-use"

@@ -122,7 +122,7 @@ def delete(p: Pass, dirs: list[tuple[str, str, os.stat_result]], entries: list[E
         _list(ctx, p, dirs, entries)
         return
     ctx.tools.open_files.refresh()  # what is open now, not when the count began
-    held = ctx.tools.open_files.unknown(root.dev)
+    held = ctx.tools.open_files.unknown(root.dev, root.path, root.mnt)
     if held:  # attached since the count: the kernel holds a file here that cannot be identified
         p.busy = f"in use: {held}"
         return

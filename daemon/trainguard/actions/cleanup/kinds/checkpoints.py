@@ -19,7 +19,7 @@ from trainguard.actions.cleanup.safety.roots import Root
 class CheckpointsKind:
     def plan(self, ctx: Ctx, root: Root, need: int | None) -> Planned:
         ctx.tools.open_files.refresh()
-        held = ctx.tools.open_files.unknown(root.dev)
+        held = ctx.tools.open_files.unknown(root.dev, root.path, root.mnt)
         if held:  # the kernel holds a file that could be here and cannot be identified (kernel_holders.py)
             return Planned(note=f"in use: {held}")
         items = list(_scan(ctx, root))
@@ -149,8 +149,8 @@ def _recheck(ctx: Ctx, root: Root, pfd: int, name: str, st: os.stat_result, cand
     if cand.is_unit:
         unit = unittree.measure_unit(pfd, name, root.dev, root.mnt, ctx.tools.hook)
         of.refresh()  # just before the delete
-        if of.unknown(st.st_dev):
-            ctx.tally.skip("in-use", path, of.unknown(st.st_dev))
+        if of.unknown(st.st_dev, root.path, root.mnt):
+            ctx.tally.skip("in-use", path, of.unknown(st.st_dev, root.path, root.mnt))
         elif now - unit.newest_change < ctx.policy.grace:
             ctx.tally.skip("grace", path)
         elif unit.problems:
@@ -163,8 +163,8 @@ def _recheck(ctx: Ctx, root: Root, pfd: int, name: str, st: os.stat_result, cand
             return unit
         return None
     of.refresh()
-    if of.unknown(st.st_dev):
-        ctx.tally.skip("in-use", path, of.unknown(st.st_dev))
+    if of.unknown(st.st_dev, root.path, root.mnt):
+        ctx.tally.skip("in-use", path, of.unknown(st.st_dev, root.path, root.mnt))
     elif in_grace(st, now, ctx.policy.grace):
         ctx.tally.skip("grace", path)
     elif of.is_open(st.st_dev, st.st_ino):

@@ -15,7 +15,7 @@ import time
 from array import array
 from typing import Callable, Iterable, Union
 
-from trainguard.actions.cleanup.safety.kernel_holders import ANYWHERE, KernelHolders
+from trainguard.actions.cleanup.safety.kernel_holders import KernelHolders, Unknowns
 from trainguard.actions.cleanup.safety.uninspected import HoldBack, Uninspected, read_uninspected
 
 log = logging.getLogger(__name__)
@@ -30,7 +30,7 @@ class _Index:
 
     __slots__ = ("keys", "loose", "sorted", "built_at", "unknown")
 
-    def __init__(self, keys: dict[tuple[int, int], Holder], built_at: float, unknown: dict[int, str]):
+    def __init__(self, keys: dict[tuple[int, int], Holder], built_at: float, unknown: Unknowns):
         self.keys = keys
         self.loose = any(dev == _ANY_DEV for dev, _ino in keys)  # some key is (_ANY_DEV, ino): see LOOSE_DEVS
         self.sorted: dict[int, bytes] = {}  # inodes_on(dev), computed from these keys only
@@ -62,7 +62,7 @@ class OpenFiles:
         self.max_age = max_age
         self.clock = clock
         self.kernel = KernelHolders(proc_root, sys_root, dev_root)
-        self._index = _Index({}, float("-inf"), {})
+        self._index = _Index({}, float("-inf"), Unknowns({}))
         self._lock = threading.RLock()  # one refresh at a time
         self.uninspected: tuple[Uninspected, ...] = ()
         self.hold_back: HoldBack | None = None
@@ -152,11 +152,11 @@ class OpenFiles:
         """Whether a process this index could not inspect could have the entry (lstat st) open."""
         return self.hold_back is not None and self.hold_back(st)
 
-    def unknown(self, dev: int) -> str | None:
-        """What the kernel holds that could not be identified and could be on device dev: on a filesystem
-        that did not answer, or a loop device whose backing file cannot be told from here (anywhere)."""
-        unknown = self._fresh().unknown
-        return unknown.get(dev) or unknown.get(ANYWHERE)
+    def unknown(self, dev: int, path: str, mnt: int | None) -> str | None:
+        """What the kernel holds that could not be identified and could be under the root at path (on
+        device dev, on mount mnt): on a filesystem that did not answer, a loop device whose backing file
+        cannot be told from here (anywhere), or whose path, hidden by permissions, is under the root."""
+        return self._fresh().unknown.about(dev, path, mnt)
 
     def keys(self):
         """The (dev, ino) index itself, for a hot loop's first look (then is_open or holder)."""

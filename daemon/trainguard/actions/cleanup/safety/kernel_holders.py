@@ -13,8 +13,11 @@ cannot be deleted at all (EPERM). inuse.OpenFiles keeps them like open files, by
   has no inode) the holder is unidentified: it could be any file on any filesystem, so it is
   `unknown` everywhere (ANYWHERE) and cleanup leaves every root alone until it can be identified,
   with one warning per loop device naming it (fail closed: a guess here deletes a mounted image).
-  A path that is here but hidden by permissions (a daemon without root) narrows that to the roots on
-  the filesystem holding the path: only a bind mount of its directory could show the image elsewhere;
+  A path that is here but hidden by permissions (a daemon without root, the image in a root-only
+  directory) narrows that to the roots that hold the path: its place in its filesystem (fsplace.py,
+  through mountinfo, so a bind mount of one of its directories counts) at or below a root's. A path
+  that cannot be placed ("(deleted)", not here, a mount point or a shadowed mount on the way) stays
+  ANYWHERE;
 - swap files: /proc/swaps, type "file", identified by an lstat of the path.
 
 Either way the identity is an attribute lookup on the backing file's filesystem. A local one answers
@@ -36,6 +39,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
+from trainguard.actions.cleanup.safety.fsplace import Place, hidden_place, root_place
 from trainguard.records import Mount, MountKind
 from trainguard.sources.mounts import containing_mount, read_mounts, unescape
 
@@ -57,6 +61,24 @@ class KernelHolder:
     what: str  # "backing file of /dev/loop1 (mounted on /mnt/data)", "active swap file"
 
 
+@dataclass(frozen=True, slots=True)
+class Unknowns:
+    """What the kernel holds that could not be identified: by device (ANYWHERE: on any), and the hidden
+    images by their place, with the mount table they were placed by (to place the roots asked about)."""
+
+    by_dev: dict[int, str]
+    hidden: tuple[tuple[Place, str], ...] = ()
+    mounts: tuple[Mount, ...] = ()
+
+    def about(self, dev: int, path: str, mnt: int | None) -> str | None:
+        """What could be under the root at path (on device dev, its fd on mount mnt), else None."""
+        held = self.by_dev.get(dev) or self.by_dev.get(ANYWHERE)
+        if held or not self.hidden:
+            return held
+        root = root_place(path, mnt, self.mounts)
+        return next((what for place, what in self.hidden if root is None or root.holds(place)), None)
+
+
 class KernelHolders:
     """Reads the kernel's holders; keeps the questions still out to a filesystem that did not answer."""
 
@@ -65,21 +87,22 @@ class KernelHolders:
         self._asking: dict[str, _Question] = {}
         self._told: dict[str, str] = {}  # loop device -> backing path, warned about as unidentified
 
-    def read(self) -> tuple[list[KernelHolder], dict[int, str]]:
-        """(the holders identified, {device of a mount that did not answer: what it holds there})."""
+    def read(self) -> tuple[list[KernelHolder], Unknowns]:
+        """(the holders identified, what could not be: on a mount that did not answer, or unidentified)."""
         loops, swaps = self._loops(), self._swaps()
         if not loops and not swaps:
             self._told = {}
-            return [], {}  # the usual case: no mount table read
+            return [], Unknowns({})  # the usual case: no mount table read
         try:
             mounts = read_mounts(self.proc_root, own=True)
         except OSError:
             mounts = []
-        found = [(path, _loop_what(name, mounts), lambda n=name, p=path: self._loop_identity(n, p))
+        found = [(path, _loop_what(name, mounts), lambda n=name, p=path: self._loop_identity(n, p, mounts))
                  for name, path in loops]
         found += [(path, "active swap file", lambda p=path: _lstat_identity(p)) for path in swaps]
         held: list[KernelHolder] = []
         unknown: dict[int, str] = {}
+        hidden: list[tuple[Place, str]] = []
         unidentified: dict[str, str] = {}
         for path, what, identify in found:
             mount = containing_mount(path.removesuffix(DELETED), mounts) if path.startswith("/") else None
@@ -95,16 +118,18 @@ class KernelHolders:
                     ident = exc
             if isinstance(ident, Unidentified):
                 unidentified[ident.device] = path
-                # Hidden by permissions, the path is here: only its filesystem's roots (bind mounts too) could hold it.
-                where = ANYWHERE if not ident.hidden or mount is None else os.makedev(mount.major, mount.minor)
-                unknown.setdefault(where, f"{what}: {path} (which file it is cannot be told from here)")
+                held_as = f"{what}: {path} (which file it is cannot be told from here)"
+                if ident.place is None:
+                    unknown.setdefault(ANYWHERE, held_as)
+                else:  # hidden by permissions, yet placed: only the roots holding that place could hold it
+                    hidden.append((ident.place, held_as))
                 continue
             if isinstance(ident, OSError):  # detached, or the swap file gone, meanwhile
                 log.debug("cleanup: cannot identify the %s %s: %s", what, path, ident)
                 continue
             held.append(KernelHolder(ident[0], ident[1], what))
         self._tell(unidentified)
-        return held, unknown
+        return held, Unknowns(unknown, tuple(hidden), tuple(mounts))
 
     def _tell(self, unidentified: dict[str, str]) -> None:
         """One warning per loop device whose backing file cannot be identified, until that changes."""
@@ -116,9 +141,10 @@ class KernelHolders:
                             "path as the host does", device, path, device, device)
         self._told = unidentified
 
-    def _loop_identity(self, name: str, path: str) -> tuple[int, int]:
+    def _loop_identity(self, name: str, path: str, mounts: list[Mount]) -> tuple[int, int]:
         """(st_dev, st_ino) of loopN's backing file, from the driver; else from its path when the file
-        there has the loop's size; else Unidentified. ENXIO: detached meanwhile."""
+        there has the loop's size; else Unidentified (placed when the path is hidden by permissions).
+        ENXIO: detached meanwhile."""
         device = os.path.join(self.dev_root, name)
         try:
             return _driver_identity(device, _read(os.path.join(self.sys_root, "block", name, "dev")))
@@ -136,7 +162,7 @@ class KernelHolders:
                 return st.st_dev, st.st_ino
         if not os.path.exists(os.path.join(self.sys_root, "block", name, "loop", "backing_file")):
             raise OSError(errno.ENXIO, "detached", device)
-        raise Unidentified(f"/dev/{name}", hidden)
+        raise Unidentified(f"/dev/{name}", hidden_place(path, mounts) if hidden else None)
 
     def _loops(self) -> list[tuple[str, str]]:
         """(loopN, backing file path) of every attached loop device."""
@@ -205,10 +231,10 @@ class _Question:
 class Unidentified(OSError):
     """A loop device is attached, but which file backs it cannot be told from here."""
 
-    def __init__(self, device: str, hidden: bool = False):
+    def __init__(self, device: str, place: Place | None = None):
         super().__init__(errno.ENODEV, "backing file cannot be identified", device)
         self.device = device
-        self.hidden = hidden  # its path is here, but this process may not look: on that path's filesystem
+        self.place = place  # its path is here, hidden by permissions: where it is in its filesystem
 
 
 def _loop_size_fits(sys_root: str, name: str, size: int) -> bool:
