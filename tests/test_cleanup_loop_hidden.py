@@ -18,12 +18,16 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from trainguard.actions.cleanup.safety.fsplace import Place, place_in, root_place
+from trainguard.records import Mount, MountKind
 
 from tests.support.mounts import root_reason
 from tests.test_cleanup_inuse import attached, mounted
 from tests.test_cleanup_uninspected import RUNNER, _cleanup_as_runner, _reason
 
-pytestmark = [pytest.mark.root, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.timeout(120)]
 
 OLD = time.time() - 30 * 86400
 # root (relative to the test's base) -> whether the image can be below it (then its old file stays)
@@ -74,6 +78,7 @@ def _config(base: Path, root: Path) -> None:
         'age_by = ["mtime"]\ngrace = "0s"\nmax_delete = false\nremove_empty_dirs = false\n')
 
 
+@pytest.mark.root
 @pytest.mark.parametrize("rel", sorted(ROOTS))
 def test_a_run_without_root_keeps_only_the_roots_the_hidden_image_can_be_under(hidden_image, rel):
     base, device = hidden_image
@@ -95,6 +100,7 @@ def test_a_run_without_root_keeps_only_the_roots_the_hidden_image_can_be_under(h
     assert backing == str(base / "fs" / "outer" / "secret" / "data.img")  # still attached, by that path
 
 
+@pytest.mark.root
 def test_a_hidden_path_on_a_mount_point_it_cannot_see_keeps_every_root(hidden_image):
     """A mount point below the directory that cannot be looked into: the path's text says the mount, yet
     the run cannot check it reaches that mount there, so every root stays (fail closed)."""
@@ -115,3 +121,30 @@ def test_a_hidden_path_on_a_mount_point_it_cannot_see_keeps_every_root(hidden_im
         assert done.returncode == 0, done.stdout + done.stderr
         assert old.exists(), done.stdout
         assert device in done.stdout + done.stderr
+
+
+# --- the rule at the boundary, against a plain method: path components, compared one by one ----------
+
+_names = st.sampled_from(["a", "b", "ab", "a.b", "b-"])
+_paths = st.lists(_names, max_size=4).map(lambda parts: "/" + "/".join(parts))
+
+
+@given(root=_paths, image=_paths, same_fs=st.booleans())
+def test_a_place_holds_exactly_what_is_at_or_below_it(root, image, same_fs):
+    """`/a/ab` is not below `/a/a`, `/` holds everything, another filesystem holds nothing."""
+    plain = same_fs and [p for p in image.split("/") if p][:len([p for p in root.split("/") if p])] == \
+        [p for p in root.split("/") if p]
+    assert Place(7, root).holds(Place(7 if same_fs else 8, image)) == plain
+
+
+def test_a_bind_mount_is_placed_by_the_directory_it_shows():
+    tmpfs = dict(fstype="tmpfs", source="t", major=0, minor=50, kind=MountKind.LOCAL)
+    bind = Mount(mount_point="/srv/view", root="/outer", mount_id=3, **tmpfs)
+    assert place_in(bind, "/srv/view/secret/data.img") == Place(os.makedev(0, 50), "/outer/secret/data.img")
+    assert place_in(bind, "/srv/view") == Place(os.makedev(0, 50), "/outer")
+    assert place_in(Mount(mount_point="/", root="/", mount_id=1, **tmpfs), "/x") == Place(os.makedev(0, 50), "/x")
+    gone = Mount(mount_point="/srv/old", root="/outer//deleted", mount_id=4, **tmpfs)
+    assert place_in(gone, "/srv/old/a") is None  # its directory was deleted: where it is cannot be said
+    assert root_place("/srv/view/sub", 3, [bind]) == Place(os.makedev(0, 50), "/outer/sub")
+    assert root_place("/srv/view/sub", 9, [bind]) is None  # its mount is not in the table read: keep it
+    assert root_place("/srv/view/sub", None, [bind]) is None
