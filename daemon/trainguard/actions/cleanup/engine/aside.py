@@ -35,7 +35,7 @@ def delete_aside(ctx: Ctx, root: Root, parent_fd: int, name: str, judged: os.sta
 def set_aside(ctx: Ctx, parent_fd: int, name: str, judged: os.stat_result, path: str) -> Quarantine | None:
     """Step 1 and the identity check: the entry under a private name (the Quarantine holding it), or None
     when the name no longer held the entry judged (then put back and tallied as changed)."""
-    q = Quarantine(parent_fd, atime=False)
+    q = Quarantine(parent_fd, atime=False, named=True)  # a crash leaves a name leftover.py can put back
     try:
         q.unlink(name, judged)
     except Changed as exc:

@@ -21,7 +21,8 @@ one else's entry can be there, and a plain rename replaces that placeholder. The
 is a rename onto the original name between its placeholder and the put-back, during a put-back
 only: a file renamed over the judged name and then over again within microseconds.
 
-Private names are PREFIX + pid + counter. One that outlives its run (a crash between two steps;
+Private names are PREFIX + pid + counter; a checkpoint's or cache unit's (aside.py) also carries the
+name it had, when that fits in a name (engine/leftover.py puts it back). One that outlives its run (a crash between two steps;
 a put-back that found the name taken, which is logged) is an ordinary candidate of the next run
 whatever the patterns say: it is judged by the same rules (its ctime is the rename's, so it waits
 out the grace period first) and deleted when due.
@@ -49,8 +50,10 @@ class Changed(Exception):
         self.errno = err
 
 
-def private_name() -> str:
-    return f"{PREFIX}{os.getpid():x}.{next(_seq):x}"
+def private_name(name: str = "") -> str:
+    """A new private name; with name, ending in ".<name>" when the whole fits in a name (255 bytes)."""
+    private = f"{PREFIX}{os.getpid():x}.{next(_seq):x}"
+    return f"{private}.{name}" if name and len(os.fsencode(f"{private}.{name}")) <= 255 else private
 
 
 def same(judged: os.stat_result, now: os.stat_result, atime: bool) -> bool:
@@ -64,8 +67,9 @@ class Quarantine:
     """Deletes judged names of one directory (dir_fd) in the three steps above. The entry verified last
     stays under the private name until the next rename onto that name replaces it or release() unlinks it."""
 
-    def __init__(self, dir_fd: int, atime: bool):
+    def __init__(self, dir_fd: int, atime: bool, named: bool = False):
         self.dir_fd, self.atime = dir_fd, atime
+        self.named = named  # private names carry the name (one entry per Quarantine: aside.py)
         self.plain = False  # the filesystem refused RENAME_NOREPLACE: placeholders
         self.private = ""
         self.held: tuple[str, os.stat_result] | None = None  # (its name, lstat) of what private holds, verified
@@ -104,7 +108,7 @@ class Quarantine:
             os.rename(name, self.private, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)  # unlinks what it held
         else:
             for _try in range(4):  # EEXIST: a leftover of a crashed run holds that private name
-                self.private = private_name()
+                self.private = private_name(name if self.named else "")
                 try:
                     self.rename(name, self.private)
                     break
