@@ -63,6 +63,7 @@ class Pass(CacheUnits):
         self.watermark = False  # need_bytes is a watermark's: the filesystem at low is enough too
         self.emergency = False  # a watermark run: its first unit goes whole even past max_delete (bound.py)
         self.pending: list = []  # cache units set aside, settled after one reading of /proc (cacheunits.py)
+        self.returned: set[str] = set()  # units put back under their names (the listing may show them again)
         self.on_gone = None  # listed: called with (listing, [(name, bytes, age)], files each) as they come
         self.ahead: ahead.Ahead | None = None
         self.before = (0, 0)  # files and bytes when the directory being listed was entered
@@ -198,7 +199,9 @@ class Pass(CacheUnits):
         if got.grace:  # a quiet reason: counted, never logged
             self.scratch.skipped["grace"] = self.scratch.skipped.get("grace", 0) + got.grace
         for name, ino in got.dirs:
-            if self.units is None or lst.parent is not None or not self.units(name, name):
+            if self.units is not None and lst.parent is None and (name.startswith(PRIVATE) or name in self.returned):
+                self.leftover(lst, name)  # a unit an interrupted deletion left aside (engine/leftover.py)
+            elif self.units is None or lst.parent is not None or not self.units(name, name):
                 lst.data.append((name, ino))  # excluded names are gone already: every directory left is entered
             elif not sel.matches_any_part(name, self.kind_exclude):
                 self.unit(lst, name)  # a cache unit is judged whole, never entered (nor one of the cache's own)

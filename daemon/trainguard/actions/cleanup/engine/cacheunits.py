@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import os
 
-from trainguard.actions.cleanup.engine import unittree, walker
+from trainguard.actions.cleanup import selection as sel
+from trainguard.actions.cleanup.engine import leftover, unittree, walker
 from trainguard.actions.cleanup.engine.aside import set_aside
 from trainguard.actions.cleanup.engine.aside import settle as settle_aside
 from trainguard.actions.cleanup.engine.bound import takes_whole
@@ -18,6 +19,19 @@ from trainguard.sources.fs import usage_from_statvfs
 
 class CacheUnits:
     """The unit rules of Pass; they use its counts, bounds, reports and context."""
+
+    def leftover(self, lst: walker.Listing, name: str) -> None:
+        """A unit left under a private name by an interrupted deletion: put back and judged under its own
+        name, else judged whole as it stands (engine/leftover.py); one put back already is not judged again."""
+        if name in self.returned:
+            return
+        back = leftover.put_back(lst.fd, name, full_path(self.root, name), self.ctx.dry_run)
+        if back is None:
+            self.unit(lst, name)
+        elif not self.ctx.dry_run:
+            self.returned.add(back)
+            if self.units(back, back) and not sel.matches_any_part(back, self.kind_exclude):
+                self.unit(lst, back)
 
     def unit(self, lst: walker.Listing, name: str) -> None:
         """A cache unit (a whole model, a package): judged by its newest use inside, deleted whole."""

@@ -7,9 +7,10 @@ import os
 import stat as stat_mod
 
 from trainguard.actions.cleanup import selection as sel
-from trainguard.actions.cleanup.engine import unittree, walker
+from trainguard.actions.cleanup.engine import leftover, unittree, walker
 from trainguard.actions.cleanup.engine.aside import delete_aside
 from trainguard.actions.cleanup.engine.bound import takes_whole
+from trainguard.actions.cleanup.engine.quarantine import PREFIX
 from trainguard.actions.cleanup.guard import reached
 from trainguard.actions.cleanup.plan import Ctx, Planned, full_path
 from trainguard.actions.cleanup.safety.inuse import in_grace
@@ -22,8 +23,10 @@ class CheckpointsKind:
         held = ctx.tools.open_files.unknown(root.dev, root.path, root.mnt)
         if held:  # the kernel holds a file that could be here and cannot be identified (kernel_holders.py)
             return Planned(note=f"in use: {held}")
-        items = list(_scan(ctx, root))
-        cands = sel.select_checkpoints(root.path, items, ctx.policy, ctx.now)
+        items, left = [], []
+        for item in _scan(ctx, root):
+            (left if isinstance(item, sel.Candidate) else items).append(item)
+        cands = sorted(sel.select_checkpoints(root.path, items, ctx.policy, ctx.now) + left, key=lambda c: c.age_ts)
         kept = sum(1 for i in items if not i.busy) - len(cands)
         if kept > 0:
             ctx.tally.skipped["kept"] = ctx.tally.skipped.get("kept", 0) + kept
@@ -54,13 +57,23 @@ def _scan(ctx: Ctx, root: Root):
     excluded, units, wanted = sel.globset(policy.exclude), sel.globset(policy.dir_patterns), sel.globset(policy.patterns)
 
     def descend(entry: walker.Entry) -> bool:
-        return not (excluded(entry.name, entry.path) or units(entry.name, entry.path))
+        return not (excluded(entry.name, entry.path) or units(entry.name, entry.path) or entry.name.startswith(PREFIX))
 
     def problem(p: walker.WalkProblem) -> None:
         ctx.tally.skip(p.reason, p.path, p.detail)
 
+    returned: set[tuple[int, int]] = set()
     for entry in walker.walk(root.fd, dev=root.dev, descend=descend, prune_paths=root.below, mnt=root.mnt,
                              on_problem=problem, hook=ctx.tools.hook):
+        if (entry.st.st_dev, entry.st.st_ino) in returned:
+            continue  # put back below: the listing may show it again under its name
+        if entry.name.startswith(PREFIX) and not entry.post:
+            entry = _put_back(ctx, root, entry)
+            if not isinstance(entry, walker.Entry):
+                if entry is not None:
+                    yield entry
+                continue
+            returned.add((entry.st.st_dev, entry.st.st_ino))
         if excluded(entry.name, entry.path):
             continue
         if entry.is_dir:
@@ -70,6 +83,29 @@ def _scan(ctx: Ctx, root: Root):
                     yield item
         elif stat_mod.S_ISREG(entry.st.st_mode) and wanted(entry.name, entry.path):
             yield _file_item(ctx, entry)
+
+
+def _put_back(ctx: Ctx, root: Root, entry: walker.Entry) -> walker.Entry | sel.Candidate | None:
+    """A private name left by an interrupted deletion (engine/leftover.py): put back, the entry under its
+    own name, to be judged as any; else the leftover as a candidate, or None (a dry run that would put it
+    back; a unit that cannot be measured)."""
+    path = full_path(root, entry.path)
+    parent = entry.path.rpartition("/")[0]
+    name = leftover.put_back(entry.dir_fd, entry.name, path, ctx.dry_run)
+    if name is not None:
+        if ctx.dry_run:
+            return None
+        try:
+            st = os.stat(name, dir_fd=entry.dir_fd, follow_symlinks=False)
+        except OSError as exc:
+            ctx.skip_error(path, exc)
+            return None
+        return entry._replace(name=name, path=f"{parent}/{name}" if parent else name, st=st)
+    item = _unit_item(ctx, root, entry) if entry.is_dir else _file_item(ctx, entry)
+    if item is None:
+        return None
+    return sel.Candidate(root.path, item.relpath, item.dev, item.ino, item.bytes, item.files, item.is_unit,
+                         item.mtime, "left under a private name by an interrupted deletion")
 
 
 def _unit_item(ctx: Ctx, root: Root, entry: walker.Entry) -> sel.CheckpointItem | None:
