@@ -93,3 +93,19 @@ def test_a_set_aside_entry_carries_its_name_until_it_is_settled(tmp_path):
         assert os.listdir(tmp_path) == [q.private] and carried_name(q.private) == "last.ckpt"
     finally:
         os.close(fd)
+
+
+def test_a_hub_revision_and_blob_left_aside_are_put_back(tmp_path):
+    """The revision main names and a blob it uses, under private names: put back, the links resolve again;
+    the detached old revision still goes."""
+    from tests.test_cleanup_hf import hf_repo
+
+    hub = tmp_path / "hub"
+    repo = hf_repo(hub, "models--org--m", recent_days=0.5, old_days=30)
+    os.rename(repo / "snapshots" / "aaaa", repo / "snapshots" / f"{PREFIX}1f.0.aaaa")
+    os.rename(repo / "blobs" / "w_main", repo / "blobs" / f"{PREFIX}1f.1.w_main")
+    report = _run({"name": "hub", "type": "huggingface-cache", "roots": [str(hub)], "older_than": "7d",
+                   "grace": "0s"})
+    assert os.path.exists(repo / "snapshots" / "aaaa" / "model.safetensors"), report  # resolves to its blob
+    assert not (repo / "snapshots" / "bbbb").exists() and not (repo / "blobs" / "w_old").exists()
+    assert _private(tmp_path) == []

@@ -56,3 +56,13 @@ def put_back(dir_fd: int, private: str, path: str, dry_run: bool) -> str | None:
     log.warning("cleanup: %s was left under a private name by an interrupted deletion; put back as %s",
                 path, name)
     return name
+
+
+def put_back_all(dir_fd: int, dir_path: str, dry_run: bool) -> set[str]:
+    """put_back every private name in a directory (a hub repo's snapshots/ or blobs/); in a dry run, the
+    private names that would be put back (to be left out of what it lists)."""
+    would = set()
+    for private in os.listdir(dir_fd):
+        if private.startswith(PREFIX) and put_back(dir_fd, private, f"{dir_path}/{private}", dry_run) and dry_run:
+            would.add(private)
+    return would

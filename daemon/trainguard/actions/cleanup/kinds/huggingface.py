@@ -16,7 +16,7 @@ import stat as stat_mod
 from dataclasses import dataclass
 
 from trainguard.actions.cleanup import selection as sel
-from trainguard.actions.cleanup.engine import unittree, walker
+from trainguard.actions.cleanup.engine import leftover, unittree, walker
 from trainguard.actions.cleanup.engine.aside import delete_aside
 from trainguard.actions.cleanup.engine.bound import takes_whole
 from trainguard.actions.cleanup.kinds.age import AgeKind
@@ -161,8 +161,9 @@ def _repo_detached(ctx: Ctx, root: Root, name: str):
                 refs = _read_refs(refs_fd, root)
             finally:
                 os.close(refs_fd)
+        returning = _put_back(ctx, root, name, repo, snaps)
         uses = {}
-        for commit in sorted(os.listdir(snaps)):
+        for commit in sorted(set(os.listdir(snaps)) - returning):
             cfd = walker.open_beneath(snaps, commit, root.dev, root.mnt)
             try:
                 uses[commit] = _snapshot_blobs(cfd, root)
@@ -183,6 +184,23 @@ def _repo_detached(ctx: Ctx, root: Root, name: str):
     finally:
         os.close(snaps)
         os.close(repo)
+
+
+def _put_back(ctx: Ctx, root: Root, name: str, repo: int, snaps: int) -> set[str]:
+    """Revisions and blobs an interrupted deletion left under private names, put back under their own
+    (engine/leftover.py): a ref may name that revision again, a revision may share that blob. In a dry
+    run, the snapshots that would be put back."""
+    at = full_path(root, name)
+    try:
+        blobs_fd = walker.open_beneath(repo, "blobs", root.dev, root.mnt)
+    except OSError:
+        pass
+    else:
+        try:
+            leftover.put_back_all(blobs_fd, f"{at}/blobs", ctx.dry_run)
+        finally:
+            os.close(blobs_fd)
+    return leftover.put_back_all(snaps, f"{at}/snapshots", ctx.dry_run)
 
 
 def _measure(ctx: Ctx, root: Root, repo: str, commit: str, only_here: set[str], fds) -> Detached | None:
