@@ -9,13 +9,8 @@ from pathlib import Path
 
 import pytest
 from trainguard.records import GpuProcess, GpuSample, MountKind
-from trainguard.sources.runs import (
-    RunSampler,
-    error_line,
-    launcher_kind,
-    local_paths,
-    parse_stat,
-)
+from trainguard.sources.run_end import error_line, local_paths
+from trainguard.sources.runs import RunSampler, launcher_kind, parse_stat
 
 from tests.support.daemon_proc import wait_until
 from tests.support.launcher import launch
