@@ -52,17 +52,10 @@ def _flags(fdinfo: str) -> int | None:
         return None
 
 
-def parse_rchar(io_text: str) -> int:
-    """Bytes the process read (pipes included): what a pipe's reader got from the run."""
-    line = next((ln for ln in io_text.splitlines() if ln.startswith("rchar:")), "")
-    value = line.partition(":")[2].strip()
-    return int(value) if value.isdigit() else 0
-
-
 @dataclass(frozen=True, slots=True)
 class Writes:
-    """What one process writes: the sum of the write positions of its files open for writing (and, for a
-    pipe's reader, the bytes it read), those files, its stdout/stderr files and pipes."""
+    """What one process writes: the sum of the write positions of its files open for writing, those
+    files, its stdout/stderr files and pipes."""
 
     total: int = 0
     files: tuple[str, ...] = ()
@@ -116,13 +109,13 @@ class PipeReaders:
         self._readers: dict[int, tuple[tuple[int, int] | None, float]] = {}  # inode -> ((pid, start), when)
 
     def writes(self, inode: int, writer: int, now: float) -> Writes | None:
-        """What the reader of the pipe writes (its files' positions plus the bytes it read), or None."""
+        """What the reader of the pipe writes (its files' write positions), or None. Not the bytes it
+        read: rchar counts sockets and every other file too (mpirun's own traffic, a supervisor's reads)."""
         reader = self._reader(inode, writer, now)
         if reader is None:
             return None
         w = read_writes(self.proc_root, reader)
-        io = read_text(f"{self.proc_root}/{reader}/io")
-        return Writes(w.total + (parse_rchar(io) if io else 0), w.files, w.files, ())
+        return Writes(w.total, w.files, w.files, ())
 
     def keep(self, inodes: Iterable[int]) -> None:
         """Forget the pipes no run writes to any more."""

@@ -1,0 +1,152 @@
+"""A run's output as its progress, with real processes: stdout piped into a real `tee` writing a file on
+local disk, and a log appended to by open/append/close per step (never seen open) that [[logs]] follows."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+from trainguard import config as configmod
+from trainguard.records import GpuProcess, GpuSample
+from trainguard.service.daemon import Daemon
+from trainguard.sources.pipes import PipeReaders
+from trainguard.sources.runs import RunSampler
+
+from tests.gpu_support import FakeClock, GiB, fake_pynvml, gpu_spec
+from tests.support import fake_daemon
+from tests.support.daemon_proc import wait_until
+
+PRINTS = textwrap.dedent("""
+    import signal
+    signal.signal(signal.SIGUSR1, lambda *_: print("step", flush=True))
+    print("ready", flush=True)
+    while True:
+        signal.pause()
+""")
+APPENDS = textwrap.dedent("""
+    import signal
+    def step(*_):
+        with open("train.log", "a") as fh:  # opened, appended to and closed per line
+            fh.write("step\\n")
+    signal.signal(signal.SIGUSR1, step)
+    step()
+    while True:
+        signal.pause()
+""")
+
+
+def on_gpu(pid: int) -> GpuSample:
+    return GpuSample(0, "GPU-0", "A100", 0.0, util_ratio=1.0,
+                     processes=(GpuProcess(host_pid=pid, pid=pid, used_memory_bytes=1 << 30),))
+
+
+@pytest.fixture
+def piped(tmp_path):
+    """A rank whose stdout and stderr are a pipe into `tee train.log` (the file on local disk, tee's own stdout nowhere)."""
+    log = tmp_path / "train.log"
+    rank = subprocess.Popen([sys.executable, "-c", PRINTS], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL,
+                            env={**os.environ, "RANK": "0"})
+    tee = subprocess.Popen(["tee", str(log)], stdin=rank.stdout, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    rank.stdout.close()  # the pipe's one reader is tee
+    try:
+        wait_until(lambda: log.exists() and "ready" in log.read_text(), 20, what="the rank's first line")
+        yield rank, tee, log
+    finally:
+        for proc in (rank, tee):
+            proc.kill()
+            proc.wait()
+
+
+def print_step(pid: int, log: Path) -> None:
+    size = log.stat().st_size
+    os.kill(pid, signal.SIGUSR1)
+    wait_until(lambda: log.stat().st_size > size, 20, what="the step line in the file")
+
+
+def mark_of(sampler: RunSampler, now: float, pid: int):
+    [run] = sampler.sample(now, [on_gpu(pid)])[0]
+    [rank] = run.ranks
+    return rank
+
+
+def test_output_piped_into_tee_is_progress_and_its_stop_is_silence(piped):
+    rank, _tee, log = piped
+    sampler = RunSampler()
+    first = mark_of(sampler, 0.0, rank.pid)
+    assert first.outputs == (str(log),)  # a crash is read from the file tee writes
+    print_step(rank.pid, log)
+    stepped = mark_of(sampler, 10.0, rank.pid)
+    assert stepped.mark > first.mark  # the line it printed, through the pipe, is progress
+    print_step(rank.pid, log)
+    again = mark_of(sampler, 20.0, rank.pid)
+    assert again.mark > stepped.mark
+    assert mark_of(sampler, 30.0, rank.pid).mark == again.mark  # it stopped printing: silence
+    assert mark_of(sampler, 40.0, rank.pid).mark == again.mark
+
+
+def test_the_pipe_reader_is_found_once_and_again_only_when_it_is_gone(piped, monkeypatch):
+    rank, tee, _log = piped
+    finds = []
+    original = PipeReaders._find
+    monkeypatch.setattr(PipeReaders, "_find", lambda self, inode, writer: finds.append(inode) or original(
+        self, inode, writer))
+    sampler = RunSampler()
+    for now in range(5):
+        mark_of(sampler, float(now), rank.pid)
+    assert len(finds) == 1  # not a /proc pass each cycle
+    [(_inode, (reader, _when))] = sampler.pipes._readers.items()
+    assert reader[0] == tee.pid
+
+
+def config(tmp_path: Path, workdir: Path) -> configmod.Loaded:
+    return configmod.Loaded(configmod.parse({
+        "general": {"interval": "10s"}, "filesystems": {"exclude": ["*"], "paths": [str(tmp_path)]},
+        "gpu": {"host_pid_namespace": "yes", "py_spy": False},
+        "progress": {"min_silence": "1m", "factor": 3, "startup_grace": "5m"},
+        "logs": [{"paths": [str(workdir / "*.log")], "observer": "polling"}],
+    }, "test"), "test")
+
+
+def test_a_watched_log_appended_per_line_in_the_runs_working_directory_is_progress(tmp_path):
+    # On tmpfs a write never moves the writer's write_bytes: the log's growth is the only sign.
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
+        workdir = Path(shm)
+        log = workdir / "train.log"
+        proc = subprocess.Popen([sys.executable, "-c", APPENDS], cwd=workdir, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, env={**os.environ, "RANK": "0"})
+        clock = FakeClock()
+        procs = [{"pid": proc.pid, "used": 20 * GiB}]
+        nvml = fake_pynvml.FakeNvml({"gpus": [gpu_spec([{"at": 0, "util": 0, "power_w": 60, "mem_used": 20 * GiB,
+                                                         "processes": procs}])], "t0": clock.now}, clock=clock)
+        daemon = Daemon(config(tmp_path, workdir), clock=clock, state_dir=str(tmp_path / "state"),
+                        notifiers=[fake_daemon.Recorder()], nvml=nvml)
+        try:
+            wait_until(lambda: log.exists() and log.read_text(), 20, what="the first line")
+            daemon.samplers.logs.poll()
+            daemon.cycle()
+            for _ in range(3):
+                size = log.stat().st_size
+                os.kill(proc.pid, signal.SIGUSR1)
+                wait_until(lambda size=size: log.stat().st_size > size, 20, what="the appended line")
+                clock.advance(10.0)
+                daemon.samplers.logs.poll()
+                daemon.cycle()
+                [c] = daemon.progress.cadences.values()
+                assert c.last_progress == clock.now  # the appended line is this cycle's progress
+            for _ in range(3):  # no more lines: silence, though the process lives
+                clock.advance(10.0)
+                daemon.samplers.logs.poll()
+                daemon.cycle()
+            [c] = daemon.progress.cadences.values()
+            assert clock.now - c.last_progress == 30.0
+        finally:
+            daemon.close()
+            proc.kill()
+            proc.wait()
