@@ -24,7 +24,10 @@ from tests.support.daemon_proc import wait_until
 
 PRINTS = textwrap.dedent("""
     import signal
+    def crash(*_):
+        raise RuntimeError("boom")
     signal.signal(signal.SIGUSR1, lambda *_: print("step", flush=True))
+    signal.signal(signal.SIGUSR2, crash)
     print("ready", flush=True)
     while True:
         signal.pause()
@@ -103,6 +106,18 @@ def test_the_pipe_reader_is_found_once_and_again_only_when_it_is_gone(piped, mon
     assert len(finds) == 1  # not a /proc pass each cycle
     [(_inode, (reader, _when))] = sampler.pipes._readers.items()
     assert reader[0] == tee.pid
+
+
+def test_a_crash_printed_through_the_pipe_is_read_from_the_file_tee_writes(piped):
+    rank, tee, _log = piped
+    sampler = RunSampler()
+    [run] = sampler.sample(0.0, [on_gpu(rank.pid)])[0]
+    os.kill(rank.pid, signal.SIGUSR2)
+    rank.wait(timeout=20)
+    tee.wait(timeout=20)  # the pipe closed: tee wrote everything and left
+    runs, [end] = sampler.sample(10.0, [])
+    assert runs == () and end.run_id == run.run_id
+    assert (end.how, end.error) == ("error", "RuntimeError: boom")
 
 
 def config(tmp_path: Path, workdir: Path) -> configmod.Loaded:

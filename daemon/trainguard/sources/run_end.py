@@ -17,8 +17,11 @@ END_HOLD = 3600.0  # an ended run is reported this long
 _RAISED = re.compile(r"\b[A-Za-z_][\w.]*(?:Error|Exception): \S")  # "RuntimeError: loss is nan"
 _ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?\brank\s*:\s*(\d+)", re.DOTALL)
 # torchrun's root cause of a rank ended by a signal, a shell's word for a job it saw killed.
-_SIGNALLED = re.compile(r"Signal \d+ \(SIG\w+\) received by PID \d+|exitcode\s*:\s*-\d+|^(?:Killed|Terminated)\b")
-FAILURE_WORDS = ("ChildFailedError", "Killed", "Segmentation fault")
+# A shell's job status: "Killed" alone, or "./run.sh: line 3: 4121 Killed    python train.py".
+_SHELL_KILLED = r"(?:^|\d\s+)(?:Killed|Terminated)(?:\s{2,}|$)"
+_SIGNALLED = re.compile(r"Signal \d+ \(SIG\w+\) received by PID \d+|exitcode\s*:\s*-\d+|" + _SHELL_KILLED)
+_FAILED = re.compile(r"ChildFailedError|Segmentation fault|" + _SHELL_KILLED)
+LAST_LINES = 5  # without torchrun's report, a shell's "Killed" is among the output's last lines
 FINISHED, ERROR, KILLED, UNKNOWN = "finished", "error", "killed", "unknown"
 
 
@@ -40,7 +43,7 @@ def error_line(text: str) -> str:
         raised = [ln for ln in raised if ln.startswith(f"[rank{root.group(1)}]")] or raised
     if raised:
         return raised[-1][:300]
-    return next((ln[:300] for ln in reversed(lines) if any(w in ln for w in FAILURE_WORDS)), "")
+    return next((ln[:300] for ln in reversed(lines) if _FAILED.search(ln)), "")
 
 
 def how_ended(text: str) -> tuple[str, str]:
@@ -48,6 +51,7 @@ def how_ended(text: str) -> tuple[str, str]:
     cause first: the other ranks' errors followed it), ERROR with its error line, else FINISHED."""
     root = text[text.find("Root Cause (first observed failure)"):] if "Root Cause (first" in text else ""
     lines = [ln.strip() for ln in (root or text).splitlines() if ln.strip()]
+    lines = lines if root else lines[-LAST_LINES:]
     signalled = next((ln[:300] for ln in reversed(lines) if _SIGNALLED.search(ln)), "")
     line = error_line(text)
     if signalled and (root or not _RAISED.search(line)):
