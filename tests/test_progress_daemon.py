@@ -131,12 +131,17 @@ def test_a_run_spinning_in_a_collective_is_one_hang_alert_naming_its_ranks_then_
         daemon.close()
 
 
+def steady_daemon(tmp_path: Path, pids: list[int]):
+    """(clock, recorder, nvml, state dir, daemon): the daemon on a fake clock, the ranks' GPUs computing throughout."""
+    clock, notes = FakeClock(), Recorder()
+    nvml = nvml_for(pids, clock, hang_at=10**6, hang_state={})
+    state = str(tmp_path / "state")
+    return clock, notes, nvml, state, Daemon(config(tmp_path), clock=clock, state_dir=state, notifiers=[notes], nvml=nvml)
+
+
 def test_a_long_evaluation_at_training_power_is_no_alert_and_a_restart_keeps_the_cadence(tmp_path, launched):
     _launcher, (r0, r1), out = launched
-    clock, notes = FakeClock(), Recorder()
-    nvml = nvml_for([r0, r1], clock, hang_at=10**6, hang_state={})
-    state = str(tmp_path / "state")
-    daemon = Daemon(config(tmp_path), clock=clock, state_dir=state, notifiers=[notes], nvml=nvml)
+    clock, notes, nvml, state, daemon = steady_daemon(tmp_path, [r0, r1])
     try:
         daemon.cycle()
         train(daemon, clock, r0, out / "rank0.log", 5)
@@ -166,10 +171,7 @@ def test_a_long_evaluation_at_training_power_is_no_alert_and_a_restart_keeps_the
 
 def test_a_run_that_ended_shows_in_status_as_ended_and_how_for_an_hour(tmp_path, launched):
     launcher, (r0, r1), out = launched
-    clock, notes = FakeClock(), Recorder()
-    nvml = nvml_for([r0, r1], clock, hang_at=10**6, hang_state={})
-    state = str(tmp_path / "state")
-    daemon = Daemon(config(tmp_path), clock=clock, state_dir=state, notifiers=[notes], nvml=nvml)
+    clock, notes, nvml, state, daemon = steady_daemon(tmp_path, [r0, r1])
     try:
         daemon.cycle()
         train(daemon, clock, r0, out / "rank0.log", 3)
@@ -186,6 +188,7 @@ def test_a_run_that_ended_shows_in_status_as_ended_and_how_for_an_hour(tmp_path,
     finally:
         daemon.close()
     name = f"torchrun-{launcher.pid}"
+    assert notes.firing("train.hang:") == []  # a run that ended is not hung
     clock.advance(1800)  # half an hour later, no daemon running: `trainguard status` still says it
     doc = build(config(tmp_path).config, state_dir=state, clock=clock, nvml=nvml)
     [shown] = doc["runs"]
