@@ -107,6 +107,8 @@ class PipeReaders:
     def __init__(self, proc_root: str = "/proc"):
         self.proc_root = proc_root
         self._readers: dict[int, tuple[tuple[int, int] | None, float]] = {}  # inode -> ((pid, start), when)
+        self._read: dict[int, Writes] = {}  # reader -> what it writes, as read at _read_at
+        self._read_at: float | None = None
 
     def writes(self, inode: int, writer: int, now: float) -> Writes | None:
         """What the reader of the pipe writes (its files' write positions), or None. Not the bytes it
@@ -114,8 +116,12 @@ class PipeReaders:
         reader = self._reader(inode, writer, now)
         if reader is None:
             return None
-        w = read_writes(self.proc_root, reader)
-        return Writes(w.total, w.files, w.files, ())
+        if self._read_at != now:  # one read a cycle of a reader that all the ranks share (one tee)
+            self._read, self._read_at = {}, now
+        if reader not in self._read:
+            w = read_writes(self.proc_root, reader)
+            self._read[reader] = Writes(w.total, w.files, w.files, ())
+        return self._read[reader]
 
     def keep(self, inodes: Iterable[int]) -> None:
         """Forget the pipes no run writes to any more."""
