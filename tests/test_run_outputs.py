@@ -68,9 +68,10 @@ def piped(tmp_path):
 
 
 def print_step(pid: int, log: Path) -> None:
-    size = log.stat().st_size
+    """The process prints one step line, and all of it is in the file (a pipe may pass it in pieces)."""
+    lines = log.read_text().count("step\n")
     os.kill(pid, signal.SIGUSR1)
-    wait_until(lambda: log.stat().st_size > size, 20, what="the step line in the file")
+    wait_until(lambda: log.read_text().count("step\n") > lines, 20, what="the step line in the file")
 
 
 def mark_of(sampler: RunSampler, now: float, pid: int):
@@ -106,6 +107,44 @@ def test_the_pipe_reader_is_found_once_and_again_only_when_it_is_gone(piped, mon
     assert len(finds) == 1  # not a /proc pass each cycle
     [(_inode, (reader, _when))] = sampler.pipes._readers.items()
     assert reader[0] == tee.pid
+
+
+LAUNCHER = textwrap.dedent("""\
+    #!{python}
+    import signal, subprocess, sys
+    # one rank that writes nothing; the launcher prints what it hears from it (torchrun --tee)
+    rank = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"], stdout=subprocess.DEVNULL,
+                            env={{"RANK": "0"}})
+    signal.signal(signal.SIGUSR1, lambda *_: print("[default0]: step", flush=True))
+    print("rank", rank.pid, flush=True)
+    rank.wait()
+""")
+
+
+def test_the_launchers_output_piped_into_tee_is_the_runs_progress(tmp_path):
+    script = tmp_path / "torchrun"
+    script.write_text(LAUNCHER.format(python=sys.executable))
+    script.chmod(0o755)
+    log = tmp_path / "train.log"
+    launcher = subprocess.Popen([str(script)], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    tee = subprocess.Popen(["tee", str(log)], stdin=launcher.stdout, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    launcher.stdout.close()
+    rank = 0
+    try:
+        wait_until(lambda: log.exists() and "rank" in log.read_text(), 20, what="the launcher's first line")
+        rank = int(log.read_text().split()[1])
+        sampler = RunSampler()
+        first = mark_of(sampler, 0.0, rank)
+        print_step(launcher.pid, log)
+        assert mark_of(sampler, 10.0, rank).mark > first.mark
+        assert str(log) in mark_of(sampler, 20.0, rank).outputs
+    finally:
+        for pid in (rank, launcher.pid, tee.pid):
+            if pid:
+                os.kill(pid, signal.SIGKILL)
+        launcher.wait()
+        tee.wait()
 
 
 def test_a_crash_printed_through_the_pipe_is_read_from_the_file_tee_writes(piped):
