@@ -159,6 +159,36 @@ def test_a_crash_printed_through_the_pipe_is_read_from_the_file_tee_writes(piped
     assert (end.how, end.error) == ("error", "RuntimeError: boom")
 
 
+HOLDS = textwrap.dedent("""
+    import signal, sys
+    fh = open(sys.argv[1], "a")  # kept open until told, then reopened per line
+    signal.signal(signal.SIGUSR1, lambda *_: fh.close())
+    print("open", flush=True)
+    signal.pause()
+    print("closed", flush=True)
+    signal.pause()
+""")
+
+
+def test_a_watched_log_the_run_was_seen_writing_is_its_own_after_it_is_closed(tmp_path):
+    seen, other = tmp_path / "logs" / "seen.log", tmp_path / "logs" / "other.log"
+    seen.parent.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", HOLDS, str(seen)], cwd="/", stdout=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, text=True, env={**os.environ, "RANK": "0"})
+    try:
+        assert proc.stdout.readline() == "open\n"
+        sampler = RunSampler()
+        [run] = sampler.sample(0.0, [on_gpu(proc.pid)], logs={str(seen): 0.0, str(other): 0.0})[0]
+        os.kill(proc.pid, signal.SIGUSR1)
+        assert proc.stdout.readline() == "closed\n"
+        grown = {str(seen): 5.0, str(other): 7.0}  # the log watcher's word: both grew
+        [run] = sampler.sample(10.0, [on_gpu(proc.pid)], logs=grown)[0]
+        assert run.ranks[0].grew_at == 5.0  # its own log, though closed now; not another's in no cwd of it
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def config(tmp_path: Path, workdir: Path) -> configmod.Loaded:
     return configmod.Loaded(configmod.parse({
         "general": {"interval": "10s"}, "filesystems": {"exclude": ["*"], "paths": [str(tmp_path)]},
