@@ -153,16 +153,20 @@ class PipeReaders:
         return None
 
     def _candidates(self, writer: int) -> Iterable[int]:
-        """The processes near the writer first (its parent's and grandparent's children), then /proc."""
-        near: list[int] = []
+        """The processes near the writer first (its parent's and grandparent's children: a shell's
+        pipeline; then those two: mpirun reads its ranks' output), then /proc."""
+        siblings: list[int] = []
+        parents: list[int] = []
         current = writer
         for _ in range(2):
             stat = _start(self.proc_root, current)
             if stat is None or stat[0] <= 1:
                 break
             current = stat[0]
-            near.extend(self._children(current))
-        yield from dict.fromkeys(near)
+            parents.append(current)
+            siblings.extend(self._children(current))
+        near = dict.fromkeys(siblings + parents)
+        yield from near
         try:
             pids = [int(n) for n in os.listdir(self.proc_root) if n.isdigit()]
         except OSError:
