@@ -196,6 +196,7 @@ def test_a_run_that_ended_shows_in_status_as_ended_and_how_for_an_hour(tmp_path,
     assert shown["ended_at"] == time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(ended_at))
     text = render_text(doc, "en")
     assert "ended: exited with an error" in text and f"{name}: RuntimeError: boom" in text
+    assert "30m ago" in text  # its last progress, 10 s before it was seen gone half an hour ago
     assert "已结束：报错退出" in render_text(doc, "zh")
     clock.advance(1801)  # past the hour: gone
     assert build(config(tmp_path).config, state_dir=state, clock=clock, nvml=nvml)["runs"] == []

@@ -124,7 +124,9 @@ def _runs(doc: dict[str, Any], _: Gettext) -> list[str]:
         ranks = ",".join(str(k["rank"]) for k in r["ranks"] if k["rank"] is not None) or str(len(r["ranks"]))
         gap = format_duration(r["normal_gap_s"]) if r["normal_gap_s"] else "-"
         if r["verdict"] == "ended":
-            rows.append([r["run"], ranks, "-", gap, "-", _(RUN_ENDINGS.get(r["how"], RUN_ENDINGS["unknown"]))])
+            age = doc["generated_ts"] - dt.datetime.fromisoformat(r["last_progress_at"]).timestamp()
+            rows.append([r["run"], ranks, _("{age} ago").format(age=format_duration(age)), gap, "-",
+                         _(RUN_ENDINGS.get(r["how"], RUN_ENDINGS["unknown"]))])
             if r["error"]:
                 errors.append(f"  {r['run']}: {r['error']}")
             continue
