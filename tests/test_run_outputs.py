@@ -160,13 +160,13 @@ def test_a_crash_printed_through_the_pipe_is_read_from_the_file_tee_writes(piped
 
 
 HOLDS = textwrap.dedent("""
-    import signal, sys
+    import sys
     fh = open(sys.argv[1], "a")  # kept open until told, then reopened per line
-    signal.signal(signal.SIGUSR1, lambda *_: fh.close())
     print("open", flush=True)
-    signal.pause()
+    sys.stdin.readline()
+    fh.close()
     print("closed", flush=True)
-    signal.pause()
+    sys.stdin.readline()
 """)
 
 
@@ -174,12 +174,13 @@ def test_a_watched_log_the_run_was_seen_writing_is_its_own_after_it_is_closed(tm
     seen, other = tmp_path / "logs" / "seen.log", tmp_path / "logs" / "other.log"
     seen.parent.mkdir()
     proc = subprocess.Popen([sys.executable, "-c", HOLDS, str(seen)], cwd="/", stdout=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, text=True, env={**os.environ, "RANK": "0"})
+                            stdin=subprocess.PIPE, text=True, env={**os.environ, "RANK": "0"})
     try:
         assert proc.stdout.readline() == "open\n"
         sampler = RunSampler()
         [run] = sampler.sample(0.0, [on_gpu(proc.pid)], logs={str(seen): 0.0, str(other): 0.0})[0]
-        os.kill(proc.pid, signal.SIGUSR1)
+        proc.stdin.write("close\n")
+        proc.stdin.flush()
         assert proc.stdout.readline() == "closed\n"
         grown = {str(seen): 5.0, str(other): 7.0}  # the log watcher's word: both grew
         [run] = sampler.sample(10.0, [on_gpu(proc.pid)], logs=grown)[0]
