@@ -131,12 +131,17 @@ def test_a_run_spinning_in_a_collective_is_one_hang_alert_naming_its_ranks_then_
         daemon.close()
 
 
+def steady_daemon(tmp_path: Path, pids: list[int]):
+    """(clock, recorder, nvml, state dir, daemon): the daemon on a fake clock, the ranks' GPUs computing throughout."""
+    clock, notes = FakeClock(), Recorder()
+    nvml = nvml_for(pids, clock, hang_at=10**6, hang_state={})
+    state = str(tmp_path / "state")
+    return clock, notes, nvml, state, Daemon(config(tmp_path), clock=clock, state_dir=state, notifiers=[notes], nvml=nvml)
+
+
 def test_a_long_evaluation_at_training_power_is_no_alert_and_a_restart_keeps_the_cadence(tmp_path, launched):
     _launcher, (r0, r1), out = launched
-    clock, notes = FakeClock(), Recorder()
-    nvml = nvml_for([r0, r1], clock, hang_at=10**6, hang_state={})
-    state = str(tmp_path / "state")
-    daemon = Daemon(config(tmp_path), clock=clock, state_dir=state, notifiers=[notes], nvml=nvml)
+    clock, notes, nvml, state, daemon = steady_daemon(tmp_path, [r0, r1])
     try:
         daemon.cycle()
         train(daemon, clock, r0, out / "rank0.log", 5)
@@ -162,3 +167,36 @@ def test_a_long_evaluation_at_training_power_is_no_alert_and_a_restart_keeps_the
     assert shown["silent_for_s"] == 400.0 and shown["timeout_s"] == pytest.approx(930.0, abs=0.2)
     text = render_text(doc, "zh")
     assert run.name in text and "有进展" in text and "15m" in text
+
+
+def test_a_run_that_ended_shows_in_status_as_ended_and_how_for_an_hour(tmp_path, launched):
+    launcher, (r0, r1), out = launched
+    clock, notes, nvml, state, daemon = steady_daemon(tmp_path, [r0, r1])
+    try:
+        daemon.cycle()
+        train(daemon, clock, r0, out / "rank0.log", 3)
+        os.kill(r1, signal.SIGKILL)
+        os.kill(r0, signal.SIGUSR2)  # rank 0 raises: its traceback ends its output file
+        deadline = time.monotonic() + 20
+        while any(Path(f"/proc/{pid}/stat").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+                  for pid in (r0, r1)):
+            assert time.monotonic() < deadline, "the ranks did not end"
+            time.sleep(0.01)
+        launcher.wait(timeout=20)
+        idle(daemon, clock, 1)
+        ended_at = clock.now
+    finally:
+        daemon.close()
+    name = f"torchrun-{launcher.pid}"
+    assert notes.firing("train.hang:") == []  # a run that ended is not hung
+    clock.advance(1800)  # half an hour later, no daemon running: `trainguard status` still says it
+    doc = build(config(tmp_path).config, state_dir=state, clock=clock, nvml=nvml)
+    [shown] = doc["runs"]
+    assert (shown["run"], shown["verdict"], shown["how"], shown["error"]) == (name, "ended", "error", "RuntimeError: boom")
+    assert shown["ended_at"] == time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(ended_at))
+    text = render_text(doc, "en")
+    assert "ended: exited with an error" in text and f"{name}: RuntimeError: boom" in text
+    assert "30m ago" in text  # its last progress, 10 s before it was seen gone half an hour ago
+    assert "已结束：报错退出" in render_text(doc, "zh")
+    clock.advance(1801)  # past the hour: gone
+    assert build(config(tmp_path).config, state_dir=state, clock=clock, nvml=nvml)["runs"] == []

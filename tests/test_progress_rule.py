@@ -250,6 +250,8 @@ def test_a_run_that_ended_with_an_error_is_an_exit_warning_and_a_clean_end_is_no
     ends = [RunEnd("1@2", "torchrun-1", T0, "RuntimeError: boom"), RunEnd("3@4", "torchrun-3", T0, "")]
     [f] = detect_exits(ends)
     assert f.key == "train.exit:torchrun-1" and f.severity is Severity.WARNING
+    [k] = detect_exits([RunEnd("5@6", "torchrun-5", T0, "Killed", how="killed")])
+    assert k.details["how"] == "killed" and k.summary == "training run torchrun-5 was killed: Killed"
 
 
 def test_the_cadence_survives_a_restart_through_the_state_db(tmp_path):

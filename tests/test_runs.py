@@ -9,13 +9,8 @@ from pathlib import Path
 
 import pytest
 from trainguard.records import GpuProcess, GpuSample, MountKind
-from trainguard.sources.runs import (
-    RunSampler,
-    error_line,
-    launcher_kind,
-    local_paths,
-    parse_stat,
-)
+from trainguard.sources.run_end import ending, error_line, how_ended, local_paths
+from trainguard.sources.runs import RunSampler, launcher_kind, parse_stat
 
 from tests.support.daemon_proc import wait_until
 from tests.support.launcher import launch
@@ -99,3 +94,53 @@ def test_the_error_line_of_an_output_tail():
     ranks = ("[rank0]: RuntimeError: loss is nan at step 7\n[rank3]: RuntimeError: Connection closed by peer\n"
              "Root Cause (first observed failure):\n[0]:\n  rank      : 0 (local_rank: 0)\n")
     assert error_line(ranks) == "[rank0]: RuntimeError: loss is nan at step 7"
+
+
+TORCHRUN_REPORT = """\
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+train.py FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  rank      : 1 (local_rank: 1)
+  exitcode  : {other} (pid: 125)
+  traceback : {other_tb}
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  rank      : 0 (local_rank: 0)
+  exitcode  : {code} (pid: 123)
+  error_file: <N/A>
+  traceback : {tb}
+============================================================
+"""
+KILLED_TB = "Signal 9 (SIGKILL) received by PID 123"
+
+
+@pytest.mark.parametrize(("tail", "how", "line"), [
+    ("step 1\nstep 2\ndone\n", "finished", ""),
+    ("step 1\nKilled 3 stale workers\n" + "step\n" * 6, "finished", ""),  # a word in the log, long before its end
+    ("step 1\nRuntimeError: loss is nan at step 7\n", "error", "RuntimeError: loss is nan at step 7"),
+    ("step 1\n./run.sh: line 3: 4121 Killed                  python train.py\n", "killed",
+     "./run.sh: line 3: 4121 Killed                  python train.py"),
+    # rank 0 was killed first; rank 1's error followed it: killed, said by the root cause's line
+    ("[rank1]: RuntimeError: Connection closed by peer\n" + TORCHRUN_REPORT.format(
+        other=1, other_tb="To enable traceback see: ...", code=-9, tb=KILLED_TB), "killed", "traceback : " + KILLED_TB),
+    # rank 0 raised first; another rank was then ended by torchrun's SIGTERM: an error, rank 0's
+    ("[rank0]: RuntimeError: loss is nan\n" + TORCHRUN_REPORT.format(
+        other=-15, other_tb="Signal 15 (SIGTERM) received by PID 125", code=1, tb="To enable traceback see: ..."),
+     "error", "[rank0]: RuntimeError: loss is nan"),
+])
+def test_how_a_run_ended_from_its_output_tail(tail, how, line):
+    assert how_ended(tail) == (how, line)
+
+
+def test_how_a_run_ended_is_unknown_without_output_and_read_only_on_local_disk(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text("step 1\nRuntimeError: boom\n")
+    assert ending([str(log)], lambda _p: True) == ("error", "RuntimeError: boom")
+    assert ending([str(log)], lambda _p: False) == ("unknown", "")  # on a share: not read
+    assert ending([str(tmp_path / "gone.log")], lambda _p: True) == ("unknown", "")
+    (tmp_path / "empty.log").write_text("")
+    assert ending([str(tmp_path / "empty.log")], lambda _p: True) == ("finished", "")

@@ -45,3 +45,7 @@ def test_an_exit_says_how_the_run_ended():
     zh = texts_for(f, tr("zh"))
     assert zh.fact == "训练 torchrun-4121 出错退出" and "RuntimeError: loss is nan" in zh.what
     assert not texts_for(f, tr("en")).fallback
+    killed = Finding("train.exit:torchrun-4121", Severity.WARNING, "s", details={
+        "run": "torchrun-4121", "how": "killed", "error": "traceback : Signal 9 (SIGKILL) received by PID 4122"})
+    assert texts_for(killed, tr("en")).fact == "Training torchrun-4121 was killed"
+    assert texts_for(killed, tr("zh")).fact == "训练 torchrun-4121 被终止"

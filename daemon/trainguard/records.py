@@ -296,7 +296,8 @@ class RankSample:
     blocked_threads: int = 0  # threads in D state or asleep in a filesystem wait
     main_blocked: bool = False  # its main thread is one of them: it queues no GPU work, whatever the GPU shows
     gpus: tuple[int, ...] = ()  # indices of the GPUs it has a context on
-    outputs: tuple[str, ...] = ()  # its stdout/stderr when they are files (a crash is read from them)
+    outputs: tuple[str, ...] = ()  # its stdout/stderr files, or those its output pipe's reader writes
+    grew_at: float | None = None  # when a watched log of the run last grew (credited to its lowest rank)
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,6 +321,7 @@ class RunEnd:
     ts: float  # wall time it was first seen gone
     error: str = ""
     owner: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    how: str = "unknown"  # "finished", "error", "killed", "unknown" (no output could be read)
 
 
 # --- mirror ---------------------------------------------------------------------

@@ -129,8 +129,8 @@ def detect_exits(ended: Iterable[RunEnd]) -> list[Finding]:
     return [Finding(
         key=exit_key(e.name),
         severity=Severity.WARNING,
-        summary=f"training run {e.name} ended with an error: {e.error}",
-        details={"run": e.name, "run_id": e.run_id, "ended_ts": e.ts, "error": e.error,
+        summary=f"training run {e.name} {'was killed' if e.how == 'killed' else 'ended with an error'}: {e.error}",
+        details={"run": e.name, "run_id": e.run_id, "ended_ts": e.ts, "error": e.error, "how": e.how,
                  "owners": [dict(e.owner)] if e.owner else []},
         labels={"run": e.name, **owner_labels(e.owner)},
         hint="read the end of the run's output; restart it from its last checkpoint",

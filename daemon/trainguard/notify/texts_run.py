@@ -103,8 +103,9 @@ def _train_hang(f: Finding, _: Gettext) -> Texts:
 def _train_exit(f: Finding, _: Gettext) -> Texts:
     d = f.details
     run = str(d["run"])
+    fact = _("Training {run} was killed") if d.get("how") == "killed" else _("Training {run} ended with an error")
     return Texts(
-        fact=_("Training {run} ended with an error").format(run=run),
+        fact=fact.format(run=run),
         subject=_("training run {run}").format(run=run),
         what=_("Training run {run} ended; the end of its output says: {error}").format(
             run=run, error=scrub(str(d["error"]))) + owners_sentence(f, _),

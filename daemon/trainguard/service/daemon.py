@@ -126,7 +126,8 @@ class Daemon:
         self.writes.attempt("history", self.history.record, now, series_of(snapshot))
         self._carry_fits(snapshot)
         hung = [k.removeprefix(HANG_PREFIX) for k in self.lifecycle.active if k.startswith(HANG_PREFIX)]
-        cadences = self.progress.update(snapshot.runs, snapshot.gpus, now, max_step=3 * self.cycle_interval(), hung=hung)
+        cadences = self.progress.update(snapshot.runs, snapshot.gpus, now, max_step=3 * self.cycle_interval(),
+                                        hung=hung, ended=snapshot.ended_runs)
         self.writes.attempt("progress", self.progress.save, now)
         inp = DetectorInput(self.config, self.history, snapshot, now, self.lifecycle.active, fits=self.fits,
                             progress=cadences)

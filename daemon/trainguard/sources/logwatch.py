@@ -188,6 +188,7 @@ class LogWatcher:
         self._watches = [_Watch(s, Matcher(s.patterns), {}) for s in specs]
         self._matches: dict[tuple[str, str], collections.deque[LogMatch]] = {}  # (path, pattern) -> matches
         self._hold: dict[tuple[str, str], float] = {}
+        self._grew: dict[str, float] = {}  # path -> when it last grew (a training run's progress)
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -219,11 +220,15 @@ class LogWatcher:
                 if path not in w.tails:
                     w.tails[path] = FileTail(path, from_start=True)
             for path, tail in list(w.tails.items()):
+                before = tail.offset
                 try:
                     blocks = tail.poll()
                 except OSError as exc:
                     log.warning("reading %s failed: %s", path, exc)
                     continue
+                if tail.offset != before:
+                    with self._lock:
+                        self._grew[path] = now
                 found = [LogMatch(path, line, pattern, now)
                          for block in blocks for line, pattern in w.matcher.lines(block)]
                 if found:
@@ -234,6 +239,11 @@ class LogWatcher:
                             self._matches.setdefault(key, collections.deque(maxlen=MAX_KEPT)).append(match)
                             self._hold[key] = w.spec.hold
         return new
+
+    def grown(self) -> dict[str, float]:
+        """Each followed file that grew since it was first followed -> when it last did."""
+        with self._lock:
+            return dict(self._grew)
 
     def recent(self, now: float | None = None) -> tuple[LogMatch, ...]:
         now = self.clock() if now is None else now

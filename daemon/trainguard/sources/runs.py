@@ -5,33 +5,33 @@ nearest launcher ancestor (torchrun, accelerate, deepspeed, mpirun, `python -m t
 with the launcher's other children (CPU gloo ranks) too; without a launcher, by Slurm job, pod or
 container, else the process alone. Each rank's progress mark adds up what moves when a job makes
 progress: bytes it sent to storage (/proc/PID/io write_bytes; rchar/wchar count sockets too, so a
-collective's traffic would look like progress) and the write position of every file it has open for
-writing (/proc/PID/fdinfo/N "pos:": no stat, so a hung mount cannot block the read). All of it bounded:
-MAX_RANKS per run, MAX_FDS per rank, MAX_THREADS looked at per rank.
+collective's traffic would look like progress), the write position of every file it has open for
+writing (/proc/PID/fdinfo/N "pos:": no stat, so a hung mount cannot block the read), and what the
+reader of its stdout/stderr pipe writes (sources.pipes: `| tee train.log`). A watched log ([[logs]])
+of the run, one under a rank's working directory or one the run was seen writing, counts too, by when
+it last grew: a log opened, appended to and closed per line is never seen open. All of it bounded:
+MAX_RANKS per run, sources.pipes.MAX_FDS per process, MAX_THREADS looked at per rank.
 """
 
 from __future__ import annotations
 
 import os
-import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from trainguard.records import GpuSample, MountKind, RankSample, RunEnd, RunSample
+from trainguard.records import GpuSample, RankSample, RunEnd, RunSample
 from trainguard.sources.owner import read_environ, read_owner
+from trainguard.sources.pipes import PipeReaders, Writes, read_text, read_writes
 from trainguard.sources.procs import is_blocked, read_cmdline
+from trainguard.sources.run_end import END_HOLD, ending
 
 MAX_RANKS = 64
-MAX_FDS = 256
 MAX_THREADS = 128
 MAX_DEPTH = 8  # ancestors looked at for a launcher
-END_TAIL = 32768  # bytes of a gone run's stdout/stderr read for its error (4 ranks' tracebacks)
-END_HOLD = 3600.0  # an ended run is reported this long
+MAX_RECENT = 64  # files a run was seen writing, remembered per run
+RECENT = 3600.0  # a file seen open for writing this recently is the run's (a log reopened per line)
 RANK_KEYS = ("RANK", "LOCAL_RANK")
 ELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"  # torchrun's rendezvous id: the same on every node of one job
-_RAISED = re.compile(r"\b[A-Za-z_][\w.]*(?:Error|Exception): \S")  # "RuntimeError: loss is nan"
-_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?\brank\s*:\s*(\d+)", re.DOTALL)
-FAILURE_WORDS = ("ChildFailedError", "Killed", "Segmentation fault")
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 # Launcher programs and modules, as they appear in a command line.
 LAUNCHERS = {"torchrun": "torchrun", "torch.distributed.run": "torchrun", "torch.distributed.launch": "torchrun",
@@ -58,19 +58,6 @@ def parse_stat(text: str) -> Stat | None:
         return None
 
 
-def _read(path: str, limit: int = 4096) -> str | None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        return os.read(fd, limit).decode("utf-8", "replace")
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
 def launcher_kind(cmdline: Sequence[str]) -> str | None:
     """"torchrun" for `torchrun ...`, `python /venv/bin/torchrun ...` or `python -m torch.distributed.run
     ...`; None for anything else (a launcher's name later in the arguments is not the program)."""
@@ -85,14 +72,6 @@ def launcher_kind(cmdline: Sequence[str]) -> str | None:
     return LAUNCHERS.get(os.path.basename(rest[0])) if rest else None
 
 
-def parse_pos(fdinfo: str) -> int | None:
-    for line in fdinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key == "pos":
-            return int(value.strip()) if value.strip().isdigit() else None
-    return None
-
-
 def parse_write_bytes(io_text: str) -> int:
     for line in io_text.splitlines():
         if line.startswith("write_bytes:"):
@@ -101,25 +80,30 @@ def parse_write_bytes(io_text: str) -> int:
     return 0
 
 
+
 class RunSampler:
     """Finds the runs each cycle; remembers the last cycle's to say which ended, and how."""
 
     def __init__(self, proc_root: str = "/proc"):
         self.proc_root = proc_root
+        self.pipes = PipeReaders(proc_root)
         self._seen: dict[str, tuple[RunSample, float]] = {}
         self._ended: dict[str, RunEnd] = {}
+        self._recent: dict[str, dict[str, float]] = {}  # run id -> file it was seen writing -> when
+        self._live_pipes: set[int] = set()  # the output pipes the runs of this cycle write to
 
     def sample(self, now: float, gpus: Sequence[GpuSample], heartbeats: Mapping[int, int] | None = None,
-               local: Callable[[str], bool] = lambda _p: True) -> tuple[tuple[RunSample, ...], tuple[RunEnd, ...]]:
+               local: Callable[[str], bool] = lambda _p: True, logs: Mapping[str, float] | None = None,
+               ) -> tuple[tuple[RunSample, ...], tuple[RunEnd, ...]]:
         """(the runs now, the runs that ended within END_HOLD). heartbeats: pid -> guard step;
-        local(path): may the file be read (a gone run's output on a hung share is not)."""
-        beats = dict(heartbeats or {})
+        local(path): may the file be read (a gone run's output on a hung share is not); logs: watched log
+        -> when it last grew."""
         on_gpu: dict[int, list[int]] = {}
         for g in gpus:
             for p in g.processes:
                 if p.pid is not None:
                     on_gpu.setdefault(p.pid, []).append(g.index)
-        runs = self.discover(on_gpu, beats)
+        runs = self.discover(on_gpu, dict(heartbeats or {}), now, logs or {})
         for run in runs:
             self._seen[run.run_id] = (run, now)
             self._ended.pop(run.run_id, None)
@@ -127,13 +111,17 @@ class RunSampler:
         for run_id, (run, _ts) in list(self._seen.items()):
             if run_id not in current:
                 del self._seen[run_id]
-                self._ended[run_id] = RunEnd(run_id, run.name, now, self._error_of(run, local), run.owner)
+                self._recent.pop(run_id, None)
+                how, line = ending((p for r in run.ranks for p in r.outputs), local)
+                self._ended[run_id] = RunEnd(run_id, run.name, now, line, run.owner, how)
         self._ended = {k: e for k, e in self._ended.items() if now - e.ts < END_HOLD}
         return runs, tuple(self._ended.values())
 
-    def discover(self, on_gpu: Mapping[int, Sequence[int]], beats: Mapping[int, int]) -> tuple[RunSample, ...]:
-        groups: dict[str, tuple[str, list[int], dict]] = {}
+    def discover(self, on_gpu: Mapping[int, Sequence[int]], beats: Mapping[int, int], now: float = 0.0,
+                 logs: Mapping[str, float] | None = None) -> tuple[RunSample, ...]:
+        groups: dict[str, tuple[str, list[int], dict, int | None]] = {}
         stats: dict[int, Stat] = {}
+        self._live_pipes = set()
         for pid in sorted(set(on_gpu) | set(beats)):
             stat = self._stat(pid, stats)
             if stat is None:
@@ -145,18 +133,69 @@ class RunSampler:
                 run_id, name = f"{lpid}@{stats[lpid].start}", f"{kind}-{lpid}"
             else:
                 run_id, name = _owner_group(owner, pid, stat.start)
-            entry = groups.setdefault(run_id, (name, [], owner))
+            entry = groups.setdefault(run_id, (name, [], owner, launcher[0] if launcher else None))
             if launcher is not None and not entry[1]:
                 entry[1].extend(self._children(launcher[0]))
             if pid not in entry[1]:
                 entry[1].append(pid)
         runs = []
-        for run_id, (name, pids, owner) in sorted(groups.items()):
-            ranks = [r for pid in sorted(set(pids))[:MAX_RANKS]
-                     if (r := self._rank(pid, on_gpu.get(pid, ()), beats.get(pid, 0), stats)) is not None]
+        for run_id, (name, pids, owner, launcher) in sorted(groups.items()):
+            ranks = self._ranks(run_id, pids, launcher, on_gpu, beats, stats, now, logs or {})
             if ranks:
                 runs.append(RunSample(run_id, name, tuple(ranks), owner, self._job(owner, ranks[0].pid, name)))
+        self.pipes.keep(self._live_pipes)
         return tuple(runs)
+
+    def _ranks(self, run_id: str, pids: Sequence[int], launcher: int | None, on_gpu: Mapping[int, Sequence[int]],
+               beats: Mapping[int, int], stats: dict[int, Stat], now: float,
+               logs: Mapping[str, float]) -> list[RankSample]:
+        """The run's ranks, lowest first. What the run writes that no one rank can be credited with (its
+        launcher's output, a watched log of the run) is credited to the lowest rank."""
+        found = []
+        for pid in sorted(set(pids))[:MAX_RANKS]:
+            stat = self._stat(pid, stats)
+            if stat is not None and stat.state != "Z":
+                env, _complete = read_environ(self.proc_root, pid, RANK_KEYS)
+                rank = next((int(env[k]) for k in RANK_KEYS if env.get(k, "").isdigit()), None)
+                found.append((rank, pid, stat, self._output(pid, now)))
+        if not found:
+            return []
+        found.sort(key=lambda f: (f[0] is None, f[0] or 0, f[1]))
+        shared = self._output(launcher, now) if launcher is not None else Writes()
+        recent = self._remember(run_id, [w for *_, w in found] + [shared], now)
+        self._live_pipes.update({i for *_, w in found for i in w.pipes} | set(shared.pipes))
+        cwds = [d for _, pid, _, _ in found if (d := _cwd(self.proc_root, pid))]
+        grew = [ts for path, ts in logs.items() if path in recent or any(_under(path, d) for d in cwds)]
+        ranks = []
+        for i, (rank, pid, stat, w) in enumerate(found):
+            io = read_text(f"{self.proc_root}/{pid}/io")
+            mark = w.total + (parse_write_bytes(io) if io else 0) + beats.get(pid, 0)
+            if i == 0:
+                mark += shared.total
+            blocked, main = self._blocked(pid, stat.state)
+            outputs = w.outputs + (shared.outputs if i == 0 else ())
+            ranks.append(RankSample(pid, rank, mark, stat.cpu_s, blocked, main, tuple(sorted(on_gpu.get(pid, ()))),
+                                    tuple(dict.fromkeys(outputs)), max(grew) if grew and i == 0 else None))
+        return ranks
+
+    def _output(self, pid: int, now: float) -> Writes:
+        """What the process writes: its own files, and what the readers of its stdout/stderr pipes write."""
+        w = read_writes(self.proc_root, pid)
+        total, files, outputs = w.total, list(w.files), list(w.outputs)
+        for inode in w.pipes:
+            if (peer := self.pipes.writes(inode, pid, now)) is not None:
+                total += peer.total
+                files += peer.files
+                outputs += peer.outputs
+        return Writes(total, tuple(dict.fromkeys(files)), tuple(dict.fromkeys(outputs)), w.pipes)
+
+    def _remember(self, run_id: str, writes: Sequence[Writes], now: float) -> dict[str, float]:
+        """The files the run was seen writing within RECENT (MAX_RECENT of them, the latest)."""
+        recent = self._recent.setdefault(run_id, {})
+        recent.update((f, now) for w in writes for f in w.files)
+        kept = sorted(((f, ts) for f, ts in recent.items() if now - ts < RECENT), key=lambda i: i[1])[-MAX_RECENT:]
+        self._recent[run_id] = dict(kept)
+        return self._recent[run_id]
 
     def _job(self, owner: Mapping[str, object], pid: int, name: str) -> str:
         if owner.get("slurm_job"):
@@ -166,7 +205,7 @@ class RunSampler:
 
     def _stat(self, pid: int, cache: dict[int, Stat]) -> Stat | None:
         if pid not in cache:
-            text = _read(f"{self.proc_root}/{pid}/stat")
+            text = read_text(f"{self.proc_root}/{pid}/stat")
             stat = parse_stat(text) if text else None
             if stat is None:
                 return None
@@ -187,44 +226,8 @@ class RunSampler:
         return None
 
     def _children(self, pid: int) -> list[int]:
-        text = _read(f"{self.proc_root}/{pid}/task/{pid}/children", 65536) or ""
+        text = read_text(f"{self.proc_root}/{pid}/task/{pid}/children", 65536) or ""
         return [int(c) for c in text.split() if c.isdigit()][:MAX_RANKS]
-
-    def _rank(self, pid: int, gpus: Sequence[int], step: int, stats: dict[int, Stat]) -> RankSample | None:
-        stat = self._stat(pid, stats)
-        if stat is None or stat.state == "Z":
-            return None
-        env, _complete = read_environ(self.proc_root, pid, RANK_KEYS)
-        rank = next((int(env[k]) for k in RANK_KEYS if env.get(k, "").isdigit()), None)
-        written, outputs = self._writes(pid)
-        io = _read(f"{self.proc_root}/{pid}/io")
-        mark = written + (parse_write_bytes(io) if io else 0) + step
-        blocked, main = self._blocked(pid, stat.state)
-        return RankSample(pid, rank, mark, stat.cpu_s, blocked, main, tuple(sorted(gpus)), outputs)
-
-    def _writes(self, pid: int) -> tuple[int, tuple[str, ...]]:
-        """(sum of the write positions of its files open for writing, its stdout/stderr files)."""
-        base = f"{self.proc_root}/{pid}"
-        try:
-            names = sorted((n for n in os.listdir(f"{base}/fd") if n.isdigit()), key=int)[:MAX_FDS]
-        except OSError:
-            return 0, ()
-        total, outputs = 0, []
-        for name in names:
-            try:
-                target = os.readlink(f"{base}/fd/{name}")
-            except OSError:
-                continue
-            if not target.startswith("/") or target.startswith("/dev/"):
-                continue
-            info = _read(f"{base}/fdinfo/{name}") or ""
-            flags = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("flags:")), "")
-            if not flags or int(flags, 8) & (os.O_WRONLY | os.O_RDWR) == 0:
-                continue
-            total += parse_pos(info) or 0
-            if name in ("1", "2") and not target.endswith(" (deleted)"):
-                outputs.append(target)
-        return total, tuple(dict.fromkeys(outputs))
 
     def _blocked(self, pid: int, state: str) -> tuple[int, bool]:
         """(threads in D state or asleep in a filesystem wait (a hung FUSE read sleeps in S), whether the
@@ -235,23 +238,26 @@ class RunSampler:
             return (1, True) if state == "D" else (0, False)
         blocked, main = 0, False
         for tid in tids:
-            text = _read(f"{self.proc_root}/{pid}/task/{tid}/stat")
+            text = read_text(f"{self.proc_root}/{pid}/task/{tid}/stat")
             stat = parse_stat(text) if text else None
             if stat is None or stat.state not in ("D", "S"):
                 continue
-            wchan = "" if stat.state == "D" else (_read(f"{self.proc_root}/{pid}/task/{tid}/wchan") or "").strip()
+            wchan = "" if stat.state == "D" else (read_text(f"{self.proc_root}/{pid}/task/{tid}/wchan") or "").strip()
             if is_blocked(stat.state, wchan):
                 blocked += 1
                 main |= tid == pid
         return blocked, main
 
-    def _error_of(self, run: RunSample, local: Callable[[str], bool]) -> str:
-        for path in dict.fromkeys(p for r in run.ranks for p in r.outputs):
-            if not local(path):
-                continue
-            if line := error_line(_tail(path)):
-                return line
+
+def _cwd(proc_root: str, pid: int) -> str:
+    try:
+        return os.readlink(f"{proc_root}/{pid}/cwd")
+    except OSError:
         return ""
+
+
+def _under(path: str, directory: str) -> bool:
+    return directory not in ("", "/") and path.startswith(directory.rstrip("/") + "/")
 
 
 def _owner_group(owner: Mapping[str, object], pid: int, start: int) -> tuple[str, str]:
@@ -262,36 +268,3 @@ def _owner_group(owner: Mapping[str, object], pid: int, start: int) -> tuple[str
     if container := owner.get("container_id"):
         return f"container:{container}", f"container-{str(container)[:12]}"
     return f"{pid}@{start}", f"pid-{pid}"
-
-
-def _tail(path: str) -> str:
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(max(0, os.fstat(fh.fileno()).st_size - END_TAIL))
-            return fh.read(END_TAIL).decode("utf-8", "replace")
-    except OSError:
-        return ""
-
-
-def error_line(text: str) -> str:
-    """The line of a run's output tail that says why it failed: its last exception ("RuntimeError: loss
-    is nan"), else the launcher's verdict (ChildFailedError) or a kill; "" when none says so."""
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    raised = [ln for ln in lines if _RAISED.search(ln) and "ChildFailedError" not in ln]
-    if root := _ROOT_CAUSE.search(text):  # torchrun names the rank that failed first; the others followed it
-        raised = [ln for ln in raised if ln.startswith(f"[rank{root.group(1)}]")] or raised
-    if raised:
-        return raised[-1][:300]
-    return next((ln[:300] for ln in reversed(lines) if any(w in ln for w in FAILURE_WORDS)), "")
-
-
-def local_paths(kinds: Iterable[tuple[str, MountKind]]) -> Callable[[str], bool]:
-    """A predicate: the path is on a local mount (the longest mount point over it is local)."""
-    table = sorted(kinds, key=lambda item: len(item[0]), reverse=True)
-
-    def is_local(path: str) -> bool:
-        for mp, kind in table:
-            if path == mp or path.startswith(mp.rstrip("/") + "/"):
-                return kind is MountKind.LOCAL
-        return True
-    return is_local

@@ -13,7 +13,8 @@ from trainguard.sources.diskstats import DiskstatsSampler
 from trainguard.sources.fs import FsSampler
 from trainguard.sources.gpu import GpuSampler, load_nvml
 from trainguard.sources.logwatch import LogWatcher
-from trainguard.sources.runs import RunSampler, local_paths
+from trainguard.sources.run_end import local_paths
+from trainguard.sources.runs import RunSampler
 
 
 def gpu_sampler(cfg: configmod.Config, clock: Clock, nvml=None) -> GpuSampler | None:
@@ -62,7 +63,8 @@ class Samplers:
         runs, ended = (), ()
         if self.runs is not None:
             local = local_paths((s.mount.mount_point, s.mount.kind) for s in filesystems)
-            runs, ended = self.runs.sample(now, gpus, heartbeats, local=local)
+            logs = self.logs.grown() if self.logs is not None else None
+            runs, ended = self.runs.sample(now, gpus, heartbeats, local=local, logs=logs)
         return Snapshot(ts=now, filesystems=tuple(filesystems), disks=tuple(self.disks.sample()),
                         missing_paths=tuple(missing), gpus=gpus, gpu_status=gpu_status,
                         log_matches=self.logs.recent(now) if self.logs is not None else (),

@@ -20,7 +20,7 @@ import sqlite3
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 
-from trainguard.records import GpuSample, RunSample
+from trainguard.records import GpuSample, RunEnd, RunSample
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,9 @@ class Cadence:
     ranks: tuple[RankMark, ...] = ()
     power: tuple[tuple[int, tuple[float, ...]], ...] = ()  # GPU index -> recent power samples while progressing
     cpu_moved: bool = True  # did any rank use CPU time since the cycle before
+    ended_ts: float | None = None  # when its processes were first seen gone (None: running)
+    how: str = ""  # how it ended: "finished", "error", "killed", "unknown"
+    error: str = ""  # the line of its output that says so
 
     def normal_gap(self, mode: str = ALL) -> float:
         """The longest normal gap of a mode as of the last progress event (fixed while the run is silent)."""
@@ -133,13 +136,15 @@ def advance(prev: Cadence | None, run: RunSample, gpus: Mapping[int, GpuSample],
     ranks, progressed, cpu_moved = [], False, False
     for r in run.ranks:
         old = before.get(r.pid)
-        moved = old is not None and old.mark != r.mark
+        grew = r.grew_at is not None and r.grew_at > c.last_seen  # a watched log of the run grew since
+        moved = old is not None and (old.mark != r.mark or grew)
         progressed |= moved
         cpu_moved |= old is None or r.cpu_s > old.cpu_s
         ranks.append(RankMark(r.pid, r.mark, r.cpu_s, now if moved else (old.last_progress if old else None)))
     mode = run_mode(run_gpu_states(run, c, gpus))
     silence = tuple(m for m in MODES if m in c.silence or m == mode)
-    c = replace(c, name=run.name, ranks=tuple(ranks), cpu_moved=cpu_moved, silence=silence)
+    c = replace(c, name=run.name, ranks=tuple(ranks), cpu_moved=cpu_moved, silence=silence, ended_ts=None,
+                how="", error="")
     if progressed:
         if learn and c.last_progress is not None and now - c.last_seen <= max_step:
             c = learn_gap(c, now - c.last_progress, now, silence)
@@ -175,6 +180,7 @@ def from_json(text: str) -> Cadence:
               for r in d.get("ranks", ())),
         tuple((int(i), tuple(float(w) for w in ws)) for i, ws in d.get("power", ())),
         bool(d.get("cpu_moved", True)),
+        None if d.get("ended_ts") is None else float(d["ended_ts"]), str(d.get("how", "")), str(d.get("error", "")),
     )
 
 
@@ -211,13 +217,18 @@ class ProgressBook:
         return dict(self.cadences)
 
     def update(self, runs: Iterable[RunSample], gpus: Iterable[GpuSample], now: float,
-               max_step: float, hung: Iterable[str] = ()) -> dict[str, Cadence]:
-        """hung: the names of the runs whose hang alert is active: their silence is not a gap to learn."""
+               max_step: float, hung: Iterable[str] = (), ended: Iterable[RunEnd] = ()) -> dict[str, Cadence]:
+        """hung: the names of the runs whose hang alert is active: their silence is not a gap to learn.
+        ended: the runs seen gone, and how they ended (kept so `trainguard status` can say it)."""
         by_index = {g.index: g for g in gpus}
         hung = set(hung)
         for run in runs:
             self.cadences[run.run_id] = advance(self.cadences.get(run.run_id), run, by_index, now, max_step,
                                                 learn=run.name not in hung)
+        for e in ended:
+            c = self.cadences.get(e.run_id)
+            if c is not None and c.ended_ts is None:
+                self.cadences[e.run_id] = replace(c, ended_ts=e.ts, how=e.how, error=e.error)
         old = sorted(self.cadences.values(), key=lambda c: c.last_seen, reverse=True)
         self.cadences = {c.run_id: c for c in old[:MAX_RUNS] if now - c.last_seen < KEEP}
         return dict(self.cadences)
@@ -241,4 +252,4 @@ class ProgressBook:
 
 
 def _learned(c: Cadence) -> tuple:
-    return c.last_progress, c.longest, c.silence, tuple((r.pid, r.mark) for r in c.ranks)
+    return c.last_progress, c.longest, c.silence, tuple((r.pid, r.mark) for r in c.ranks), c.ended_ts

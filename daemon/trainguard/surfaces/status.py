@@ -21,6 +21,7 @@ from trainguard.detectors.series import series_of
 from trainguard.diagnosis.stall import StallDiagnoser
 from trainguard.records import Finding, FsSample, GpuSample, Severity, Snapshot
 from trainguard.sources.diskstats import DiskstatsSampler
+from trainguard.sources.run_end import END_HOLD
 from trainguard.sources.samplers import Samplers
 from trainguard.store import cycles, heartbeat, progress, state
 from trainguard.store.history import History
@@ -246,20 +247,37 @@ def run_cadences(conn: sqlite3.Connection | None, snapshot: Snapshot, now: float
     saved = progress.read(conn, now) if conn is not None else {}
     gpus = {g.index: g for g in snapshot.gpus}
     # max_step 0: a one-off sample learns no gap, it only says whether the marks moved since the daemon's.
-    return {r.run_id: progress.advance(saved.get(r.run_id), r, gpus, now, max_step=0.0) for r in snapshot.runs}
+    out = {r.run_id: progress.advance(saved.get(r.run_id), r, gpus, now, max_step=0.0) for r in snapshot.runs}
+    # The runs the daemon saw end within the hour, and how: shown as ended rather than gone.
+    out.update({k: c for k, c in saved.items()
+                if k not in out and c.ended_ts is not None and now - c.ended_ts < END_HOLD})
+    return out
 
 
 def runs_doc(inp: DetectorInput, findings: Sequence[Finding]) -> list[dict[str, Any]]:
     hung = [f.details.get("run") for f in findings if f.kind == "train.hang"]
     runs = run_progress(inp.snapshot.runs, inp.progress, inp.config.progress, inp.now, hung)
-    return [run_doc(r, inp.now) for r in runs]
+    live = {r.run_id for r in inp.snapshot.runs}
+    ended = sorted((c for c in inp.progress.values() if c.run_id not in live and c.ended_ts is not None),
+                   key=lambda c: -(c.ended_ts or 0.0))
+    return [run_doc(r, inp.now) for r in runs] + [ended_doc(c) for c in ended]
 
 
 def run_doc(r: RunProgress, now: float) -> dict[str, Any]:
     return {"run": r.run, "train_job": r.job, "verdict": r.verdict, "timeout_s": round(r.timeout_s, 1),
             "normal_gap_s": round(r.normal_gap_s, 1), "last_progress_at": format_iso_utc(r.since),
             "silent_for_s": round(now - r.since, 1), "owner": dict(r.owner),
-            "ranks": [{"rank": rank, "pid": pid, "last_progress_at": format_iso_utc(ts)} for rank, pid, ts in r.ranks]}
+            "ranks": [{"rank": rank, "pid": pid, "last_progress_at": format_iso_utc(ts)} for rank, pid, ts in r.ranks],
+            "ended_at": None, "how": None, "error": None}
+
+
+def ended_doc(c: Cadence) -> dict[str, Any]:
+    """A run that ended within the hour: how (finished, error, killed, unknown) and its error line."""
+    return {"run": c.name, "train_job": c.name, "verdict": "ended", "timeout_s": None,
+            "normal_gap_s": round(c.normal_gap(), 1), "last_progress_at": format_iso_utc(c.last_progress or c.first_seen),
+            "silent_for_s": None, "owner": {},
+            "ranks": [{"rank": None, "pid": m.pid, "last_progress_at": format_iso_utc(m.last_progress)} for m in c.ranks],
+            "ended_at": format_iso_utc(c.ended_ts), "how": c.how or "unknown", "error": c.error}
 
 
 def cleanup_doc(conn: sqlite3.Connection | None, now: float) -> list[dict[str, Any]]:

@@ -109,19 +109,30 @@ def _gpus(doc: dict[str, Any], _: Gettext) -> list[str]:
 
 RUN_VERDICTS = {"progressing": N_("progressing"), "starting": N_("starting"), "silent": N_("silent"),
                 "hung": N_("hung")}
+RUN_ENDINGS = {"finished": N_("ended: finished, no error in its output"), "error": N_("ended: exited with an error"),
+               "killed": N_("ended: killed"), "unknown": N_("ended")}
 
 
 def _runs(doc: dict[str, Any], _: Gettext) -> list[str]:
-    """Each training run: its ranks, when it last progressed, its normal gap, timeout and verdict."""
+    """Each training run: its ranks, when it last progressed, its normal gap, timeout and verdict; a run
+    that ended within the hour says how, and the line of its output that says so."""
     if not doc.get("runs"):
         return []
     rows = [[_("RUN"), _("RANKS"), _("LAST PROGRESS"), _("NORMAL GAP"), _("TIMEOUT"), _("VERDICT")]]
+    errors = []
     for r in doc["runs"]:
         ranks = ",".join(str(k["rank"]) for k in r["ranks"] if k["rank"] is not None) or str(len(r["ranks"]))
-        rows.append([r["run"], ranks, _("{age} ago").format(age=format_duration(r["silent_for_s"])),
-                     format_duration(r["normal_gap_s"]) if r["normal_gap_s"] else "-",
+        gap = format_duration(r["normal_gap_s"]) if r["normal_gap_s"] else "-"
+        if r["verdict"] == "ended":
+            age = doc["generated_ts"] - dt.datetime.fromisoformat(r["last_progress_at"]).timestamp()
+            rows.append([r["run"], ranks, _("{age} ago").format(age=format_duration(age)), gap, "-",
+                         _(RUN_ENDINGS.get(r["how"], RUN_ENDINGS["unknown"]))])
+            if r["error"]:
+                errors.append(f"  {r['run']}: {r['error']}")
+            continue
+        rows.append([r["run"], ranks, _("{age} ago").format(age=format_duration(r["silent_for_s"])), gap,
                      format_duration(r["timeout_s"]), _(RUN_VERDICTS.get(r["verdict"], r["verdict"]))])
-    return ["", _table(rows)]
+    return ["", _table(rows), *errors]
 
 
 def _verdict(g: dict[str, Any], _: Gettext) -> str:
