@@ -34,9 +34,13 @@ def policy(**kw):
 
 
 def make(path: Path, size: int = 1000, age: float = 30 * DAY) -> Path:
+    """A file `age` seconds old now: by the clock at this call, as the runner's clock (time.time() at its
+    run) reads it, not by an instant taken when the module was imported: in a whole suite that instant is
+    minutes old by the time a test runs, and a file made "a minute ago" would have left its grace period."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"x" * size)
-    os.utime(path, (NOW - age, NOW - age))
+    now = time.time()
+    os.utime(path, (now - age, now - age))
     return path
 
 
