@@ -21,8 +21,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from trainguard.detectors import sawtooth
+from trainguard.detectors.fit import Points, noise
 from trainguard.detectors.steps import DROP_FRACTION, Step, steps
-from trainguard.detectors.trend import GAP, Points, Trend, fill_trend, noise
+from trainguard.detectors.trend import GAP, Trend, fill_trend
 
 REFIT_EVERY = 600.0  # seconds a carried trend lives at most
 SETTLE = 60.0  # after news (a write, a deletion in progress), fit once more this much later

@@ -1,0 +1,69 @@
+"""The one decision that may postpone a fill alert: whether a learned cleanup rhythm keeps the disk from
+filling (`may_postpone`), what the alert counts on where it does not (`no_later`).
+
+A rhythm that is not measured to keep up may still make the forecast earlier, never later: the trend
+then alerts no later than the plain full-window fit. The rule is stated here only (and in docs/forecast.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from trainguard.detectors.sawtooth import (
+    Cycle,
+    allowance,
+    drift,
+    loss_per_period,
+    lows_scatter,
+)
+
+if TYPE_CHECKING:
+    from trainguard.detectors.trend import Trend
+
+NOISE_WIDTHS = 6.0  # a cleanup frees more than this many widths of the sample-to-sample jitter
+MAX_ERROR = 0.1  # relative ETA error beyond which an alert counts on no earlier ETA (forecast.level)
+
+
+def may_postpone(cycles: Sequence[Cycle], gross: float, size: float, largest_write: float, noise: float) -> bool:
+    """Whether the learned rhythm may postpone a forecast: the rhythm it implies keeps the disk from filling.
+    - every cleanup freed more than NOISE_WIDTHS of the samples' jitter: a dip of a few noise widths is noise;
+    - what they free covers what the writer fills (`gross` bytes/s) in their mean period, short by no more
+      than a low scatters anyway (sawtooth.allowance): a "cleanup" smaller than the fill between two of
+      them leaves the disk to fill;
+    - the low has held: two cycles' lows within that allowance; more, no lower across them than twice
+      their scatter (their own around their line, and at least that allowance): no loss per period."""
+    if len(cycles) < 2 or gross <= 0 or min(c.freed for c in cycles) < NOISE_WIDTHS * noise:
+        return False
+    share = allowance(cycles, size, largest_write)
+    every = (cycles[-1].ts - cycles[0].ts) / (len(cycles) - 1)
+    if gross * every - statistics.fmean(c.freed for c in cycles) > share:
+        return False
+    if len(cycles) == 2:
+        held = cycles[1].low >= cycles[0].low - share
+    else:
+        slope, spread = drift(cycles)
+        held = loss_per_period(cycles, every, slope, lows_scatter(cycles, spread, size, largest_write)) == 0
+    return held
+
+
+def no_later(rhythm: Trend, plain: Trend) -> Trend:
+    """The trend of a rhythm that may not postpone: it alerts no later than the plain one. It is the
+    rhythm's own forecast only where that alerts whenever the plain one would (its ETA as short, also where
+    the alert counts on the earliest credible one, on as many samples, at least as well backed by its
+    evidence; forecast.level is monotone in each), else the plain one."""
+    mine, other = _alerted_eta(rhythm), _alerted_eta(plain)
+    if mine is not None and (other is None or (
+            mine <= other and rhythm.points >= plain.points and mine * plain.evidence <= other * rhythm.evidence)):
+        return dataclasses.replace(rhythm, bounded=True)
+    return dataclasses.replace(plain, bounded=True)
+
+
+def _alerted_eta(trend: Trend) -> float | None:
+    """The ETA forecast.level may alert on: the earliest credible one where its error is known well enough."""
+    if trend.eta is None or trend.eta_early is None or trend.eta_error > MAX_ERROR:
+        return trend.eta
+    return min(trend.eta, trend.eta_early)
+
