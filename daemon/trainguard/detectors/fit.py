@@ -122,3 +122,18 @@ def _consistent(points: Points, size: float, min_span: float) -> tuple[float, fl
             return rate, span
         part, span, halved = [p for p in part if p[0] >= end - half], half, True
 
+
+def least_squares(points: Points) -> tuple[float, float] | None:
+    """(bytes/s of consumption, free bytes at the newest point) by the plain least-squares line through the
+    points, as they are (predict_linear's method: the line's value at the newest time, not the sample's);
+    None without two distinct times."""
+    n = len(points)
+    if n < 2:
+        return None
+    mt = statistics.fmean(t for t, _ in points)
+    mv = statistics.fmean(v for _, v in points)
+    var = sum((t - mt) ** 2 for t, _ in points)
+    if var <= 0:
+        return None
+    slope = sum((t - mt) * (v - mv) for t, v in points) / var
+    return -slope, mv + slope * (points[-1][0] - mt)

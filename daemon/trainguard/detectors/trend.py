@@ -29,9 +29,16 @@ from dataclasses import dataclass
 
 from trainguard.detectors import sawtooth, staircase
 from trainguard.detectors.despike import despiked
-from trainguard.detectors.fit import MIN_POINTS, Points, consumption, noise, regime
+from trainguard.detectors.fit import (
+    MIN_POINTS,
+    Points,
+    consumption,
+    least_squares,
+    noise,
+    regime,
+)
 from trainguard.detectors.jumps import burst, jumps, low_before, settled, without_drops
-from trainguard.detectors.postpone import may_postpone, no_later
+from trainguard.detectors.postpone import may_hold, may_postpone, no_later
 from trainguard.detectors.steps import steps
 from trainguard.detectors.warmup import warming
 
@@ -81,6 +88,18 @@ def _plain(pts: Points, cycles: tuple) -> Trend:
     span = pts[-1][0] - pts[0][0]
     gap = _seen_since(pts)
     return Trend(slope=rate, span=span, points=len(pts), eta=pts[-1][1] / rate if rate > 0 else None,
+                 evidence=span if gap is None else max(pts[-1][0] - gap, 1.0), cycles=cycles)
+
+
+def _line(pts: Points, cycles: tuple) -> Trend | None:
+    """The plain least-squares line through the points as they are (predict_linear's method); its evidence
+    is the points from the last gap in them on."""
+    fitted = least_squares(pts)
+    if fitted is None:
+        return None
+    rate, level = fitted
+    span, gap = pts[-1][0] - pts[0][0], _seen_since(pts)
+    return Trend(slope=rate, span=span, points=len(pts), eta=max(level, 0.0) / rate if rate > 0 else None,
                  evidence=span if gap is None else max(pts[-1][0] - gap, 1.0), cycles=cycles)
 
 
@@ -139,7 +158,9 @@ def fill_trend(avail: Points, size: float, now: float, window: float, min_span: 
         if alone is not None:
             trend = dataclasses.replace(no_later(trend, alone), cycles=cycles)  # the learned ones go on
     if whole[0][0] > now - window + GAP:
-        trend = warming(trend, pts, size, bool(seen), proven)
+        freed = sum(d.freed for d in seen)
+        trend = may_hold(warming(trend, pts, size, bool(seen), proven), _line(whole, cycles),
+                         whole[0][1] - whole[-1][1] + freed, freed)
     return trend
 
 
@@ -157,6 +178,6 @@ def _forecast(pts: Points, whole: Points, dropped: bool, cycles: tuple, rate: fl
                      evidence=evidence, cycles=cycles), False
     largest_write = max((s.nbytes for s in steps(pts, size)[0]), default=0.0)
     rhythm = _cleanup_regime(pts, cycles, rate, evidence, size, largest_write, now)
-    if may_postpone(cycles, rate, size, largest_write, noise(whole)):
+    if may_postpone(cycles, rate, size, largest_write, noise(whole), pts[-1][1], rhythm.next_cleanup_in):
         return rhythm, True
     return no_later(rhythm, _plain(whole, cycles)), False
