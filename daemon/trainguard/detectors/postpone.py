@@ -1,6 +1,6 @@
 """The one decision that may postpone a fill alert: whether a learned cleanup rhythm keeps the disk from
-filling (`may_postpone`), what the alert counts on where it does not (`no_later`), and whether warm-up may
-hold it for a churn not yet seen (`may_hold`).
+filling (`may_postpone`), what the alert counts on where it does not (`no_later`), whether warm-up may hold it for a churn not
+yet seen (`may_hold`), and whether a deletion may delay it (`bounded_by_line`).
 
 A rhythm that is not measured to keep up may still make the forecast earlier, never later: the trend
 then alerts no later than the plain full-window fit. The rule is stated here only (and in docs/forecast.md).
@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 
 NOISE_WIDTHS = 6.0  # a cleanup frees more than this many widths of the sample-to-sample jitter
 HOLDS = MEMORY  # a rhythm run forward at the decline of its lows keeps the disk from filling this long
-HOLD_SHARE = 0.25  # warm-up holds no fill whose deletions in sight gave back less than this share
+SMALL = 0.25  # deletions that gave back less than this share of what was written hold no fill
+CHURN_SLACK = 2.0  # a churn's next cleanup comes within this many of the periods its last one implies
 MAX_ERROR = 0.1  # relative ETA error beyond which an alert counts on no earlier ETA (forecast.level)
 
 
@@ -78,14 +79,25 @@ def _alerted_eta(trend: Trend) -> float | None:
     return min(trend.eta, trend.eta_early)
 
 
-def may_hold(trend: Trend, line: Trend | None, written: float, freed: float) -> Trend:
-    """Warm-up (the history covers less than a window) may hold an alert: for a churn not yet seen for one
-    period where a deletion is in sight (`trend.quiet`), for a rate that has held only since a change
-    (`trend.evidence`). Never for a fill the plain line through everything seen (`line`) proves: one where
-    the deletions in sight gave back less than HOLD_SHARE of what was written meanwhile (`freed` of
-    `written` bytes; a rhythm that keeps up has given back about half at least from its first cleanup on,
-    whatever its phase, and a third with its depth and pace off by a third). That alert comes no later
-    than the line's."""
-    if line is None or trend.slope <= 0 or freed >= HOLD_SHARE * written:
+def may_hold(trend: Trend, line: Trend | None, proven: bool, freed: float, since: float) -> Trend:
+    """The trend in warm-up (the history covers less than a window), against the plain least-squares line
+    through everything seen (`line`, deletions as they are). A rhythm measured to keep up (`proven`) is
+    what it is. One deletion of `freed` bytes `since` seconds ago may be a churn not yet seen for one
+    period: a churn that keeps up frees what is written in its period, so at the trend's pace its next
+    cleanup is due within CHURN_SLACK times freed / pace; until then the alert is held (`quiet`: shown, not
+    alerted on). Otherwise nothing in sight holds the fill: the alert comes no later than the line's."""
+    if proven or trend.slope <= 0:
         return trend
-    return dataclasses.replace(no_later(dataclasses.replace(trend, quiet=False), line), learning=True)
+    if freed > 0 and since < CHURN_SLACK * freed / trend.slope:
+        return dataclasses.replace(trend, quiet=True)
+    return trend if line is None else dataclasses.replace(no_later(trend, line), learning=True)
+
+
+def bounded_by_line(trend: Trend, line: Trend | None, fell: float, freed: float) -> Trend:
+    """A trend that starts at a deletion (a change point: what happened after it) against the plain
+    least-squares line through the window (`line`, the deletion as it is): where the deletions gave back
+    less than SMALL of what was written meanwhile (`freed` beside `fell`, the net fall of free space), the
+    disk fills whatever came after them, and the alert comes no later than the line's."""
+    if line is None or trend.slope <= 0 or freed >= SMALL * (fell + freed):
+        return trend
+    return no_later(trend, line)

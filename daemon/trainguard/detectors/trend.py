@@ -38,7 +38,12 @@ from trainguard.detectors.fit import (
     regime,
 )
 from trainguard.detectors.jumps import burst, jumps, low_before, settled, without_drops
-from trainguard.detectors.postpone import may_hold, may_postpone, no_later
+from trainguard.detectors.postpone import (
+    bounded_by_line,
+    may_hold,
+    may_postpone,
+    no_later,
+)
 from trainguard.detectors.steps import steps
 from trainguard.detectors.warmup import warming
 
@@ -158,9 +163,14 @@ def fill_trend(avail: Points, size: float, now: float, window: float, min_span: 
         if alone is not None:
             trend = dataclasses.replace(no_later(trend, alone), cycles=cycles)  # the learned ones go on
     if whole[0][0] > now - window + GAP:
-        freed = sum(d.freed for d in seen)
-        trend = may_hold(warming(trend, pts, size, bool(seen), proven), _line(whole, cycles),
-                         whole[0][1] - whole[-1][1] + freed, freed)
+        # A deletion in sight may be a churn not yet seen for one period; two cycles are a rhythm, which
+        # may_postpone judged (`proven`: it keeps up).
+        last = seen[-1] if seen and len(cycles) < 2 else None
+        trend = may_hold(warming(trend, pts, size), _line(whole, cycles), proven,
+                         last.freed if last else 0.0, pts[-1][0] - last.ts if last else 0.0)
+    elif seen and len(cycles) < 2:
+        # A deletion made the trend start after it: it may not delay what the line through it proves.
+        trend = bounded_by_line(trend, _line(whole, cycles), whole[0][1] - whole[-1][1], sum(d.freed for d in seen))
     return trend
 
 

@@ -3,7 +3,7 @@ deletion in sight holds the alert.
 
 A fill with no deletion in sight is what it seems, from when it began (a download that started minutes
 after the daemon has held only since); with a deletion in sight it may be a churn not yet seen for one
-period: shown, not alerted on.
+period (postpone.may_hold).
 """
 
 from __future__ import annotations
@@ -19,16 +19,15 @@ if TYPE_CHECKING:
     from trainguard.detectors.trend import Trend
 
 
-def warming(trend: Trend, pts: Points, size: float, seen: bool, proven: bool) -> Trend:
-    """The trend in warm-up: learning, its evidence no longer than its rate has held, and quiet where a
-    deletion is in sight (`seen`) that no rhythm measured to keep up (`proven`) explains."""
+def warming(trend: Trend, pts: Points, size: float) -> Trend:
+    """The trend in warm-up: learning, its evidence no longer than its rate has held (whether a deletion in
+    sight holds the alert: postpone.may_hold)."""
     if trend.slope > 0:
         largest = max((s.nbytes for s in steps(pts, size, least=0.0)[0]), default=0.0)
         held = _held(pts, trend.slope, max(6 * noise(pts), largest))
     else:
         held = trend.evidence
-    return dataclasses.replace(trend, learning=True, quiet=seen and not proven,
-                               evidence=max(min(trend.evidence, held), 1.0))
+    return dataclasses.replace(trend, learning=True, evidence=max(min(trend.evidence, held), 1.0))
 
 
 def _held(pts: Points, rate: float, tolerance: float) -> float:
