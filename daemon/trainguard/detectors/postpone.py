@@ -43,20 +43,25 @@ def may_postpone(cycles: Sequence[Cycle], gross: float, size: float, largest_wri
     - the low has held: two cycles' lows within that allowance; more, no lower across them than twice
       their scatter (their own around their line, and at least that allowance): no loss per period;
     - run forward from `latest` free bytes (the next cleanup `next_in` seconds away, then one a period) at
-      the decline its lows show, however small beside their scatter, the disk holds for HOLDS at least:
-      lows 800, 510, 220 GB of a daily cleanup are a disk full before the next one, whatever they scatter."""
+      the decline its lows show where it exceeds their scatter once (the rule above asks twice before it
+      counts as a loss), the disk holds for HOLDS at least: lows 800, 510, 220 GB of a daily cleanup that
+      frees 1 TB are a disk full before the next one."""
     if len(cycles) < 2 or gross <= 0 or min(c.freed for c in cycles) < NOISE_WIDTHS * noise:
         return False
     share = allowance(cycles, size, largest_write)
     every = (cycles[-1].ts - cycles[0].ts) / (len(cycles) - 1)
     if gross * every - statistics.fmean(c.freed for c in cycles) > share:
         return False
+    loss = 0.0
     if len(cycles) == 2:
-        slope, held = (cycles[1].low - cycles[0].low) / (cycles[1].ts - cycles[0].ts), cycles[1].low >= cycles[0].low - share
+        held = cycles[1].low >= cycles[0].low - share
     else:
         slope, spread = drift(cycles)
-        held = loss_per_period(cycles, every, slope, lows_scatter(cycles, spread, size, largest_write)) == 0
-    forward = run_forward(latest, gross, max(-slope * every, 0.0), next_in, every)
+        scatter = lows_scatter(cycles, spread, size, largest_write)
+        held = loss_per_period(cycles, every, slope, scatter) == 0
+        if -slope * (cycles[-1].ts - cycles[0].ts) > scatter:  # a decline beyond one scatter is measured
+            loss = -slope * every
+    forward = run_forward(latest, gross, loss, next_in, every)
     return held and (forward is None or forward >= HOLDS)
 
 
@@ -85,10 +90,12 @@ def may_hold(trend: Trend, line: Trend | None, proven: bool, freed: float, since
     what it is. One deletion of `freed` bytes `since` seconds ago may be a churn not yet seen for one
     period: a churn that keeps up frees what is written in its period, so at the trend's pace its next
     cleanup is due within CHURN_SLACK times freed / pace; until then the alert is held (`quiet`: shown, not
-    alerted on). Otherwise nothing in sight holds the fill: the alert comes no later than the line's."""
-    if proven or trend.slope <= 0:
+    alerted on); after it, the alert comes no later than the line's. A fill with no deletion in sight is what
+    it seems, from when it began (`trend.evidence`: a download that started minutes after the daemon).
+    Two cycles are a rhythm, which may_postpone judges: `freed` is 0."""
+    if proven or trend.slope <= 0 or freed <= 0:
         return trend
-    if freed > 0 and since < CHURN_SLACK * freed / trend.slope:
+    if since < CHURN_SLACK * freed / trend.slope:
         return dataclasses.replace(trend, quiet=True)
     return trend if line is None else dataclasses.replace(no_later(trend, line), learning=True)
 

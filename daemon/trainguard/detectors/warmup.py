@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 from trainguard.detectors.fit import Points, noise
 from trainguard.detectors.steps import steps
 
+PACE_KEPT = 0.9  # a fill has held over a span where it fell by this share of its rate at least
+
 if TYPE_CHECKING:
     from trainguard.detectors.trend import Trend
 
@@ -24,7 +26,8 @@ def warming(trend: Trend, pts: Points, size: float) -> Trend:
     sight holds the alert: postpone.may_hold)."""
     if trend.slope > 0:
         largest = max((s.nbytes for s in steps(pts, size, least=0.0)[0]), default=0.0)
-        held = _held(pts, trend.slope, max(6 * noise(pts), largest))
+        tolerance = max(6 * noise(pts), largest)
+        held = max(_held(pts, trend.slope, tolerance), _kept_pace(pts, trend.slope, tolerance))
     else:
         held = trend.evidence
     return dataclasses.replace(trend, learning=True, evidence=max(min(trend.evidence, held), 1.0))
@@ -43,3 +46,13 @@ def _held(pts: Points, rate: float, tolerance: float) -> float:
             break
         since = t
     return t_last - since
+
+
+def _kept_pace(pts: Points, rate: float, tolerance: float) -> float:
+    """The longest span back from the newest point over which the free space fell by PACE_KEPT of `rate`
+    at least (within `tolerance`): a fill that kept its pace through a small deletion, or through averaged
+    history that bends the line near its newest points, has held all that while; flat minutes before a
+    download are no part of it."""
+    t_last, v_last = pts[-1]
+    return max((t_last - t for t, v in pts if v - v_last + tolerance >= PACE_KEPT * rate * (t_last - t)), default=0.0)
+
