@@ -474,16 +474,16 @@ def stopping(draw) -> Trace:
 
 
 @st.composite
-def outrun(draw) -> Trace:
+def outrun(draw, share: tuple[float, float] = (0.6, 0.99)) -> Trace:
     """A disk that fills where something might seem to hold it: a lossy cleanup rhythm (periods 1-48 h, 2-3
     cycles seen, each freeing 60-99 % of what was written), a fill that accelerates (x1 to x4 a day), or
     one seen from a fresh start with a small rm in sight (1-15 % of what was written by then). Restarted
-    0-3 times (down 10 s to 10 min)."""
+    0-3 times (down 10 s to 10 min). `share`: the range of what a lossy rhythm's cleanups free."""
     family = draw(st.sampled_from(("lossy", "accelerating", "warm-up rm")))
     p = {"size": _size(draw)}
     if family == "lossy":
         period = math.exp(draw(st.floats(math.log(H), math.log(48 * H))))
-        p.update(period=period, share=draw(st.floats(0.6, 0.99)), depth=draw(st.floats(0.02, 0.3)),
+        p.update(period=period, share=draw(st.floats(*share)), depth=draw(st.floats(0.02, 0.3)),
                  cycles=draw(st.integers(2, 3 if period <= 24 * H else 2)), frac=draw(st.floats(0.05, 1.0)),
                  first=draw(st.floats(0.1, 1.0)), rng=_seed(draw))
     elif family == "accelerating":

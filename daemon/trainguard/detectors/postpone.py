@@ -1,6 +1,6 @@
 """The one decision that may postpone a fill alert: whether a learned cleanup rhythm keeps the disk from
-filling (`may_postpone`), what the alert counts on where it does not (`no_later`), whether warm-up may hold it for a churn not
-yet seen (`may_hold`), and whether a deletion may delay it (`bounded_by_line`).
+filling (`may_postpone`), what the alert counts on where it does not (`no_later`), whether warm-up may hold
+it for a churn not yet seen (`may_hold`), and whether a deletion may delay it (`bounded_by_line`).
 
 A rhythm that is not measured to keep up may still make the forecast earlier, never later: the trend
 then alerts no later than the plain full-window fit. The rule is stated here only (and in docs/forecast.md).
@@ -90,12 +90,12 @@ def may_hold(trend: Trend, line: Trend | None, proven: bool, freed: float, since
     what it is. One deletion of `freed` bytes `since` seconds ago may be a churn not yet seen for one
     period: a churn that keeps up frees what is written in its period, so at the trend's pace its next
     cleanup is due within CHURN_SLACK times freed / pace; until then the alert is held (`quiet`: shown, not
-    alerted on); after it, the alert comes no later than the line's. A fill with no deletion in sight is what
-    it seems, from when it began (`trend.evidence`: a download that started minutes after the daemon).
-    Two cycles are a rhythm, which may_postpone judges: `freed` is 0."""
-    if proven or trend.slope <= 0 or freed <= 0:
+    alerted on); after it, the alert comes no later than the line's, as where two cycles or more (`freed` 0)
+    are a rhythm that may_postpone did not find to keep up. A fill with no deletion in sight (no `line`) is
+    what it seems, from when it began (`trend.evidence`: a download that started minutes after the daemon)."""
+    if proven or trend.slope <= 0:
         return trend
-    if since < CHURN_SLACK * freed / trend.slope:
+    if freed > 0 and since < CHURN_SLACK * freed / trend.slope:
         return dataclasses.replace(trend, quiet=True)
     return trend if line is None else dataclasses.replace(no_later(trend, line), learning=True)
 

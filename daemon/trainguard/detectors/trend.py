@@ -166,7 +166,7 @@ def fill_trend(avail: Points, size: float, now: float, window: float, min_span: 
         # A deletion in sight may be a churn not yet seen for one period; two cycles are a rhythm, which
         # may_postpone judged (`proven`: it keeps up).
         last = seen[-1] if seen and len(cycles) < 2 else None
-        trend = may_hold(warming(trend, pts, size), _line(whole, cycles), proven,
+        trend = may_hold(warming(trend, pts, size), _line(whole, cycles) if seen else None, proven,
                          last.freed if last else 0.0, pts[-1][0] - last.ts if last else 0.0)
     elif seen and len(cycles) < 2:
         # A deletion made the trend start after it: it may not delay what the line through it proves.
