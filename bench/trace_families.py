@@ -133,6 +133,33 @@ def slow_leak(rng: random.Random) -> dict:
     return dict(size=size, avail=avail, params=dict(rate_gb_h=rate * H / GB))
 
 
+def accelerating_fill(rng: random.Random) -> dict:
+    """A fill whose rate grows x1 to x4 a day (a run that saves more as it goes), full in 14-40 h."""
+    size = _size(rng)
+    free, ttf, accel = size * rng.uniform(0.3, 0.9), rng.uniform(14, 40) * H, rng.uniform(1.0, 4.0)
+    day = 24 * H
+    r0 = free / ttf if accel <= 1.0 else free * math.log(accel) / day / (accel ** (ttf / day) - 1)
+    avail = _run(int(ttf * 1.2 / STEP), free, lambda k, f: r0 * accel ** (k * STEP / day) * STEP)
+    return dict(size=size, avail=avail, params=dict(accel_per_day=accel, first_rate_gb_h=r0 * H / GB))
+
+
+def scattered_steps(rng: random.Random) -> dict:
+    """Checkpoints whose sizes and intervals scatter by up to +-50 % (saves at evaluations, epochs of
+    uneven length), on a little background; full in 14-40 h."""
+    size = _size(rng)
+    free, ttf = size * rng.uniform(0.3, 0.9), rng.uniform(14, 40) * H
+    rate = free / ttf
+    every = rng.uniform(10, 90) * 60
+    background = rate * rng.uniform(0, 0.2)
+    ckpt = (rate - background) * every
+    writes, t = {}, rng.uniform(0, every)
+    while t < ttf * 1.3:
+        writes[int(t / STEP)] = ckpt * rng.uniform(0.5, 1.5)
+        t += every * rng.uniform(0.5, 1.5)
+    avail = _run(int(ttf * 1.2 / STEP), free, lambda k, f: background * STEP + writes.get(k, 0.0))
+    return dict(size=size, avail=avail, params=dict(every_min=every / 60, ckpt_gb=ckpt / GB))
+
+
 def sawtooth_fill(rng: random.Random) -> dict:
     """A cron cleanup that frees less than is written: its lows go down until one reaches zero."""
     size = _size(rng)
@@ -191,13 +218,14 @@ def sawtooth_gc(rng: random.Random) -> dict:
                                                     stepped=stepped))
 
 
-def downloads(rng: random.Random) -> dict:
+def downloads(rng: random.Random, first: float | None = None) -> dict:
     """One to three downloads (models, datasets) at 5-120 MB/s, then a flat disk with a little logging.
     Each leaves more room than was written in the 6 h before its end: it did not look like a fill."""
     size = _size(rng, 200 * GB, 4000 * GB)
     free = size * rng.uniform(0.2, 0.9)
     logs = free * rng.uniform(0.0, 0.002) / H
-    events, t, left = [], rng.uniform(1, 10) * H, free - logs * NEVER_HOURS * H
+    events, left = [], free - logs * NEVER_HOURS * H
+    t = rng.uniform(1, 10) * H if first is None else first
     for _ in range(rng.randint(1, 3)):
         speed = rng.uniform(5e6, 120e6)
         # Downloads one after another read as one fill: what remains after this one must be at least 1.3x
@@ -353,12 +381,42 @@ def clock_steps(rng: random.Random) -> dict:
     return out
 
 
+def churn_from_start(rng: random.Random) -> dict:
+    """A GC between 85-97 % used at its mark and as much lower as the first tooth can be watched without
+    looking full (a period 15 min to 2.5 h), the daemon started just after a cleanup: judged from the start,
+    warm-up included."""
+    size, high = _size(rng), rng.uniform(0.85, 0.97)
+    depth, period = rng.uniform(0.3, 0.75) * (1 - high), rng.uniform(0.25, 2.5) * H
+    rate = depth * size / period
+    pace, state = [rng.uniform(0.9, 1.1)], {"trigger": high}
+
+    def per_step(k: int, f: float) -> float:
+        written = rate * STEP * pace[0]
+        if 1 - f / size >= state["trigger"]:
+            pace[0] = rng.uniform(0.9, 1.1)
+            state["trigger"] = high + depth * rng.uniform(-0.1, 0.1)
+            return written - depth * size * rng.uniform(0.8, 1.2)
+        return written
+
+    avail = _run(int(NEVER_HOURS * H / STEP), size * (1 - high + depth), per_step)
+    return dict(size=size, avail=avail, judge_from=0.0, params=dict(high=high, depth=depth, period_h=period / H))
+
+
+def downloads_from_start(rng: random.Random) -> dict:
+    """Downloads (models, datasets) as a fresh daemon starts: the first within its first hour, judged from
+    the start, warm-up included."""
+    drawn = downloads(rng, first=rng.uniform(0.0, 1.0) * H)
+    return dict(drawn, judge_from=0.0)
+
+
 FILLING = {"steady fill": steady_fill, "checkpoint steps": checkpoint_steps, "slow leak": slow_leak,
            "saw-tooth that fills": sawtooth_fill, "steady fill, Gaussian noise": gaussian_fill,
-           "cleanups that stop": stopping_cleanups}
+           "cleanups that stop": stopping_cleanups, "accelerating fill": accelerating_fill,
+           "staircase, scattered": scattered_steps}
 NEVER = {"saw-tooth GC": sawtooth_gc, "downloads": downloads, "bursty logs, rotated": bursty_logs,
          "restarts (gaps)": restarts, "clock steps": clock_steps,
-         "cleaned every 4-20 h, restarts": cleaned_with_restarts}
+         "cleaned every 4-20 h, restarts": cleaned_with_restarts, "churn from a fresh start": churn_from_start,
+         "downloads from a fresh start": downloads_from_start}
 FAMILIES = {**FILLING, **NEVER}
 
 

@@ -10,8 +10,8 @@ import re
 import pytest
 from trainguard import config as configmod
 from trainguard.detectors import DetectorInput, forecast
+from trainguard.detectors.fit import consumption
 from trainguard.detectors.forecast import fill_trend
-from trainguard.detectors.trend import consumption
 from trainguard.records import FsSample, FsUsage, Severity
 from trainguard.store.history import History
 

@@ -2,14 +2,22 @@
 daemon's own path: History, follow_trend with its carried Fit and learned cycles kept in the state
 database's table across restarts, level with the default [forecast].
 
-1. a disk that fills steadily for >= 12 h is warned >= 6 h before full, and no later than a full refit
-   with nothing learned would warn;
+The reference is written here: the plain least-squares line through the window's samples, taken at the
+evaluation time (predict_linear's method), warning when its ETA is under the warning horizon and no
+further ahead than the samples it rests on span (the evidence rule the daemon keeps too).
+
+1. a disk that fills is warned no later than the plain fit warns: a learned rhythm, a change point, warm-up
+   may make a warning earlier, never later (where a rhythm is measured to keep up, the disk does not fill);
+   only a first deletion in warm-up may hold it, as long as it may be a churn not yet seen for one period
+   (until the next deletion, or twice the period a churn freeing what it writes would have, at most);
+   one that fills steadily for >= 12 h is warned >= 6 h before full;
 2. a cleanup rhythm that stops is warned within its jitter of the missed cleanup (or 6 h before full,
    whichever is later);
 3. a disk that never fills raises no episode, from the fresh start on and across restarts and clock steps.
 
-CI runs the derandomized profile `forecast-ci` (a few examples each); `bench/forecast_properties.py` runs
-`forecast-long` (FORECAST_PROFILE=forecast-long). Counter-examples found are kept as explicit cases below.
+CI runs the derandomized profile `forecast-ci` (FORECAST_EXAMPLES examples per property, 8 unless set);
+`bench/forecast_properties.py` runs `forecast-long` (FORECAST_PROFILE=forecast-long). Counter-examples
+found are kept as explicit cases below.
 """
 
 from __future__ import annotations
@@ -18,12 +26,15 @@ import logging
 import os
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 
 from tests.support import fill_props as fp
 
+CFG = fp.CFG
+
 H = fp.H
-settings.register_profile("forecast-ci", max_examples=6, derandomize=True, deadline=None, database=None,
+settings.register_profile("forecast-ci", max_examples=8, derandomize=True, deadline=None, database=None,
+                          phases=[Phase.explicit, Phase.reuse, Phase.generate],  # a failure is kept as a case
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                                  HealthCheck.filter_too_much])
 settings.register_profile("forecast-long", max_examples=200, deadline=None, print_blob=True,
@@ -44,13 +55,49 @@ def _clock_steps_are_part_of_the_draw():
     logger.setLevel(level)
 
 
-def check_fill(trace: fp.Trace) -> None:
-    run = fp.replay(trace, compare_from=trace.full_at - 9 * H)
+def plain_warned_since(trace: fp.Trace, times: list[float]) -> float | None:
+    """When the plain fit's warning still on at the last of `times` began (None: off at the end)."""
+    pts = [(t, v) for t, _, v in trace.samples()]
+    since, lo, hi = None, 0, 0
+    sums = [(0.0, 0.0, 0.0, 0.0, 0.0)]  # prefix sums of 1, t, v, t*v, t*t (t, v from the first sample)
+    t0, v0 = pts[0]
+    for t, v in pts:
+        x, y = t - t0, v - v0
+        a = sums[-1]
+        sums.append((a[0] + 1, a[1] + x, a[2] + y, a[3] + x * y, a[4] + x * x))
+    for now in times:
+        while hi < len(pts) and pts[hi][0] <= now:
+            hi += 1
+        while lo < hi and pts[lo][0] <= now - CFG.window:
+            lo += 1
+        n, sx, sy, sxy, sxx = (b - a for a, b in zip(sums[lo], sums[hi]))
+        var = sxx - sx * sx / n if n >= 2 else 0.0
+        warns = False
+        if var > 0:
+            slope = (sxy - sx * sy / n) / var
+            at_now = v0 + sy / n + slope * (now - t0 - sx / n)
+            eta = at_now / -slope if slope < 0 else None
+            warns = eta is not None and eta < CFG.warning and eta <= CFG.evidence_ratio * (pts[hi - 1][0] - pts[lo][0])
+        since = (since if since is not None else now) if warns else None
+    return since
+
+
+def check_fill(trace: fp.Trace, ahead: bool = True) -> None:
+    every = fp.EVERY if trace.full_at < 48 * H else fp.LONG
+    run = fp.replay(trace, every)
     since = run.warned_since()
-    assert since is not None, "never warned"
-    assert trace.full_at - since >= 6 * H, f"warned {(trace.full_at - since) / H:.2f} h before full"
-    refit = run.refit_warned_since()
-    assert refit is None or since <= refit + fp.REFIT_SLACK, f"{(since - refit) / 60:.0f} min after a full refit"
+    plain = plain_warned_since(trace, run.times)
+    if trace.churn is not None:  # warm-up may hold an alert for a churn it has not seen, no longer
+        start, end = trace.churn
+        since = fp.episode_start(run.times, [a or start <= t < end for t, a in zip(run.times, run.alerting)])
+        if plain is not None and start <= plain < end:
+            plain = end
+    assert plain is None or (since is not None and since <= plain + fp.REFIT_SLACK), (
+        f"warned {'never' if since is None else f'{(trace.full_at - since) / H:.2f} h before full'}; "
+        f"the plain fit {(trace.full_at - plain) / H:.2f} h before")
+    if ahead:
+        assert since is not None, "never warned"
+        assert trace.full_at - since >= 6 * H, f"warned {(trace.full_at - since) / H:.2f} h before full"
 
 
 def check_stop(trace: fp.Trace) -> None:
@@ -70,8 +117,22 @@ def check_never(trace: fp.Trace) -> None:
 
 @settings(PROFILE)
 @given(fp.filling())
-def test_a_steady_fill_is_warned_six_hours_ahead_and_no_later_than_a_refit(trace):
+def test_a_steady_fill_is_warned_six_hours_ahead_and_no_later_than_the_plain_fit(trace):
     check_fill(trace)
+
+
+@settings(PROFILE)
+@given(fp.outrun(share=(0.6, 0.75)))
+def test_a_fill_that_outruns_its_cleanups_is_warned_no_later_than_the_plain_fit(trace):
+    check_fill(trace, ahead=False)
+
+
+@pytest.mark.xfail(reason="with two cycles seen, lows that fall by less than 30 % of what a cleanup frees pass the "
+                          "keep-up rule (a GC's trigger jitters that much): such a lossy rhythm still postpones")
+@settings(PROFILE)
+@given(fp.outrun(share=(0.77, 0.99)))
+def test_a_rhythm_losing_less_than_its_jitter_is_warned_no_later_than_the_plain_fit(trace):
+    check_fill(trace, ahead=False)
 
 
 @settings(PROFILE)
@@ -172,3 +233,19 @@ def test_a_restart_gap_in_a_steady_fill_is_no_checkpoint():
               "first": 0.6569, "start": 0.3225, "rng": 16707, "cycles": 5}
     check_stop(fp.trace("stopping", params, fp.Noise(4.289e7), seed=500, downtime=[(22916.7, 23260.3)]))
 
+
+
+def test_a_daily_cleanup_that_loses_ground_is_warned_no_later_than_the_plain_fit():
+    # 1 TB freed a day on a 10 TB disk while 1.29 TB is written: lows 800, 510, 220 GB, full 1.3 h before the
+    # fourth cleanup. The rhythm passed the keep-up rule (its decline within the lows' allowed scatter), the
+    # ETA stayed None and the warning came 2.7 h before full, where the plain fit warns 5.7 h before.
+    check_fill(fp.trace("lossy", {"size": 10e12, "period": 86400.0, "share": 1000 / 1290, "depth": 0.129,
+                                  "cycles": 3, "frac": 800 / 290 - 2, "first": 1.0, "rng": 1},
+                        fp.Noise(2e8), seed=1), ahead=False)
+
+
+def test_a_small_rm_in_warm_up_does_not_hold_a_real_fill():
+    # A fresh start on a 1 TB disk filling at 100 GB/h from 400 GB free, one 10 GB rm at 1.5 h: warm-up held
+    # the alert as a churn not yet seen, and the first alert came 13 minutes before full.
+    check_fill(fp.trace("warm-up rm", {"size": 1e12, "free": 0.4, "ttf": 4 * H, "share": 10 / 150, "at": 0.375},
+                        fp.Noise(2e7), seed=1), ahead=False)

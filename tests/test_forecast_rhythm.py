@@ -1,5 +1,5 @@
 """A learned cleanup rhythm may delay a forecast only when it really keeps the disk from filling
-(detectors.sawtooth.keeps_up); otherwise the alert comes no later than the plain full-window fit."""
+(detectors.postpone.may_postpone); otherwise the alert comes no later than the plain full-window fit."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 from trainguard.config import Forecast
 from trainguard.detectors import sawtooth
 from trainguard.detectors.forecast import follow_trend, level
+from trainguard.detectors.postpone import may_postpone
 from trainguard.detectors.trend import fill_trend
 from trainguard.store.history import History
 
@@ -59,17 +60,17 @@ def test_noise_blips_on_a_steady_fill_do_not_silence_the_warning(seed):
 
 def test_blips_are_not_a_rhythm_that_keeps_up():
     blips = (sawtooth.Cycle(3 * H, 42.1 * GB, 0.51 * GB), sawtooth.Cycle(14.8 * H, 15.9 * GB, 0.51 * GB))
-    assert not sawtooth.keeps_up(blips, 2.2 * GB / H, 100 * GB, 0.0, 0.14 * GB)
+    assert not may_postpone(blips, 2.2 * GB / H, 100 * GB, 0.0, 0.14 * GB, 15 * GB, 10 * H)
 
 
 def test_a_gc_that_frees_what_was_written_keeps_up():
     gc = tuple(sawtooth.Cycle(k * H, (10 + 0.3 * (-1) ** k) * GB, 20 * GB) for k in range(4))
-    assert sawtooth.keeps_up(gc, 20 * GB / H, 200 * GB, 0.0, 0.1 * GB)
+    assert may_postpone(gc, 20 * GB / H, 200 * GB, 0.0, 0.1 * GB, 30 * GB, H)
 
 
 def test_a_cleanup_that_frees_half_of_what_fills_does_not():
     half = tuple(sawtooth.Cycle(k * H, (100 - 10 * k) * GB, 10 * GB) for k in range(4))
-    assert not sawtooth.keeps_up(half, 20 * GB / H, 1000 * GB, 0.0, 0.1 * GB)
+    assert not may_postpone(half, 20 * GB / H, 1000 * GB, 0.0, 0.1 * GB, 80 * GB, H)
 
 
 def test_an_unproven_rhythm_gives_an_eta_no_later_than_the_plain_fit():

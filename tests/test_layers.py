@@ -184,3 +184,9 @@ def test_no_import_circle():
 def test_the_circle_check_sees_a_circle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_detectors_are_rooms_a_reader_can_walk():
+    big = [f"{path.name} ({n} lines)" for path in sorted((PACKAGE / "detectors").glob("*.py"))
+           if (n := len(path.read_text().splitlines())) > 300]
+    assert not big, f"detectors modules over 300 lines: {big}"

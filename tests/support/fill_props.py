@@ -24,7 +24,6 @@ from hypothesis import strategies as st
 from trainguard.config import Forecast
 from trainguard.detectors.follow import REFIT_EVERY, follow_trend, learned, seeded
 from trainguard.detectors.forecast import level
-from trainguard.detectors.trend import fill_trend
 from trainguard.store.cycles import LearnedCycles
 from trainguard.store.history import History
 
@@ -35,6 +34,7 @@ CFG = Forecast()
 NAME = "fs.avail_bytes:/data"
 EVERY = 60.0  # seconds between evaluations (the daemon: 10; a minute keeps the suite fast)
 REFIT_SLACK = REFIT_EVERY  # the daemon's carried fit is a full fit at most this old (detectors.follow)
+LONG = 300.0  # between evaluations of traces longer than two days
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,7 @@ class Trace:
     missed_at: float | None = None  # a rhythm that stops: when its first missed cleanup was due
     late: float = 0.0  # and how late a cleanup of it may come (its jitter)
     params: dict = field(default_factory=dict)  # what was drawn, for the report of a counter-example
+    churn: tuple[float, float] | None = None  # (from, to): a first deletion in sight may be a churn not yet seen
 
     def down(self, t: float) -> bool:
         return any(a <= t < b for a, b in self.downtime)
@@ -86,29 +87,13 @@ class Replay:
     times: list[float]  # true times of the evaluations (none while the daemon is down)
     alerting: list[bool]
     etas: list[float | None]
-    refit: list[bool]  # the same evaluations from a full refit with nothing learned (compare=True only)
-    refit_alone: list[bool] = field(default_factory=list)  # and each of them without the alert's hysteresis
 
     def warned_since(self) -> float | None:
         """When the alert still on at the last evaluation began."""
-        return _episode_start(self.times, self.alerting)
-
-    def refit_warned_since(self) -> float | None:
-        """When the full refit's alert still on at the end began, from the first two evaluations in a row
-        that alert on their own: a full fit's ETA jitters from one evaluation to the next (on noise of a few
-        per cent of the free space; made in the middle of a checkpoint write, it sees part of it), and a
-        single dip under the threshold is then held by the hysteresis. The carried fit samples the full
-        fit every few minutes, not at that one dip."""
-        start = _episode_start(self.times, self.refit)
-        if start is None:
-            return None
-        k = self.times.index(start)
-        while k + 1 < len(self.times) and not (self.refit_alone[k] and self.refit_alone[k + 1]):
-            k += 1
-        return self.times[k]
+        return episode_start(self.times, self.alerting)
 
 
-def _episode_start(times, on) -> float | None:
+def episode_start(times, on) -> float | None:
     if not on or not on[-1]:
         return None
     k = len(on) - 1
@@ -117,12 +102,11 @@ def _episode_start(times, on) -> float | None:
     return times[k]
 
 
-def replay(trace: Trace, every: float = EVERY, compare_from: float | None = None) -> Replay:
-    """The daemon's forecast at every `every` s of true time; from `compare_from` on, a full refit with
-    no cycles learned beside it (what a freshly started fit on the same samples would say)."""
+def replay(trace: Trace, every: float = EVERY) -> Replay:
+    """The daemon's forecast at every `every` s of true time."""
     history, store = History(None, window=CFG.window), LearnedCycles(sqlite3.connect(":memory:"))
-    fit, active, refit_active, was_down = None, None, None, False
-    out = Replay([], [], [], [])
+    fit, active, was_down = None, None, False
+    out = Replay([], [], [])
     samples = trace.samples()
     pending = next(samples, None)
     end = trace.full_at if trace.full_at is not None else len(trace.avail) * STEP
@@ -147,12 +131,6 @@ def replay(trace: Trace, every: float = EVERY, compare_from: float | None = None
         out.times.append(now)
         out.alerting.append(alert is not None)
         out.etas.append(trend.eta if trend else None)
-        if compare_from is not None and now >= compare_from:
-            fresh = fill_trend(history.points(NAME, wall - CFG.window), trace.size, wall, CFG.window, CFG.min_span)
-            refit = level(fresh, CFG, refit_active)
-            refit_active = refit[0] if refit else None
-        out.refit.append(compare_from is not None and now >= compare_from and refit is not None)
-        out.refit_alone.append(out.refit[-1] and level(fresh, CFG) is not None)
     return out
 
 
@@ -168,6 +146,7 @@ class Disk:
     missed_at: float | None = None
     late: float = 0.0
     gross: float = 0.0  # bytes/s written at most before the first deletion (never-filling GCs)
+    churn: tuple[float, float] | None = None  # (from, to): a first deletion in sight may be a churn not yet seen
 
 
 def _run(n: int, free: float, per_step) -> tuple[float, ...]:
@@ -326,15 +305,62 @@ def _stopping(p: dict) -> Disk:
     return _until_full(size, avail, missed_at=missed, late=3 * jitter * period + 0.2 * period + 2 * EVERY)
 
 
+def _lossy(p: dict) -> Disk:
+    """A cron cleanup every `period` (on time to 2 %) that frees `share` of what was written in its period:
+    the lows decline by the rest, from `cycles - 1 + frac` such losses down, and the disk is full in the
+    tooth after the `cycles`-th cleanup (a daily cleanup freeing 1 TB of the 1.29 TB written: lows 800,
+    510, 220 GB, full 1.3 h before the fourth)."""
+    size, period = p["size"], p["period"]
+    written = p["depth"] * size  # per period
+    gross, loss = written / period, (1 - p["share"]) * written
+    low = (p["cycles"] - 1 + p["frac"]) * loss
+    rng = random.Random(p["rng"])
+    end = (p["first"] + p["cycles"] + 1.5) * period
+    ticks = _ticks(p["first"] * period, period, 0.02, end, rng)
+    cleanups = {int(t / STEP) for t in ticks}
+    return _until_full(size, _run(int(end / STEP), low + gross * p["first"] * period, lambda k, _f: gross * STEP - (
+        p["share"] * written if k in cleanups else 0.0)), churn=_churn(ticks, p["share"] * written, gross))
+
+
+def _accelerating(p: dict) -> Disk:
+    """A fill whose rate grows `accel` times a day (a run that saves more as it goes), full at `ttf`."""
+    day, a = 86400.0, p["accel"]
+    total = p["size"] * p["free"]
+    r0 = total / p["ttf"] if a <= 1.0 else total * math.log(a) / day / (a ** (p["ttf"] / day) - 1)
+    return _until_full(p["size"], _run(int(p["ttf"] * 1.2 / STEP), total,
+                                       lambda k, _f: r0 * a ** (k * STEP / day) * STEP))
+
+
+def _warm_rm(p: dict) -> Disk:
+    """A fill seen from the daemon's fresh start, with one small rm (`share` of what was written by then)
+    at `at` of the way to full: a deletion in sight that no churn explains."""
+    rate = p["size"] * p["free"] / p["ttf"]
+    rm = int(p["at"] * p["ttf"] / STEP)
+    freed = p["share"] * rate * rm * STEP
+    return _until_full(p["size"], _run(int(p["ttf"] * 1.5 / STEP), p["size"] * p["free"], lambda k, _f: rate * STEP - (
+        freed if k == rm else 0.0)), churn=_churn([rm * STEP], freed, rate))
+
+
+def _churn(deletions: list[float], freed: float, gross: float) -> tuple[float, float]:
+    """When the first deletion, `freed` bytes on a fill of `gross` bytes/s, may be taken for a churn not yet
+    seen: from it until the next deletion, or the next one a churn freeing what it writes would have made
+    (twice the period freed / gross: jitter; a tenth more, and two evaluations, as measured on noisy samples),
+    or the end of warm-up (a window less a restart gap)."""
+    first = deletions[0]
+    return first, min([first + 2.2 * freed / gross + 2 * EVERY, CFG.window - 900.0] + deletions[1:2])
+
+
 SHAPES = {"steady": _steady, "leak": _steady, "staircase": _staircase, "saw-tooth that fills": _sawtooth_fill,
-          "GC": _gc, "downloads": _downloads, "rotated logs": _logs, "stopping": _stopping}
+          "GC": _gc, "downloads": _downloads, "rotated logs": _logs, "stopping": _stopping, "lossy": _lossy,
+          "accelerating": _accelerating, "warm-up rm": _warm_rm}
 
 
 def trace(family: str, params: dict, noise: Noise, seed: int, downtime=(), clock_steps=()) -> Trace:
     """The trace of a family from its parameters (as a counter-example's repr shows them)."""
     disk = SHAPES[family](params)
     return Trace(family, disk.size, disk.avail, noise, seed, full_at=disk.full_at, downtime=tuple(downtime),
-                 clock_steps=tuple(clock_steps), missed_at=disk.missed_at, late=disk.late, params=params)
+                 clock_steps=tuple(clock_steps), missed_at=disk.missed_at, late=disk.late, params=params,
+                 churn=disk.churn)
 
 
 # ---- what hypothesis draws ---------------------------------------------------------------------------
@@ -445,3 +471,26 @@ def stopping(draw) -> Trace:
     # The daemon may be restarted now and then (down up to 10 min), but not as the cleanup goes missing.
     gaps = [g for g in _restarts(draw, 0.0, disk.full_at, 600.0) if g[1] < disk.missed_at - p["period"]]
     return trace("stopping", p, _noise(draw, p["size"]), _seed(draw), gaps)
+
+
+@st.composite
+def outrun(draw, share: tuple[float, float] = (0.6, 0.99)) -> Trace:
+    """A disk that fills where something might seem to hold it: a lossy cleanup rhythm (periods 1-48 h, 2-3
+    cycles seen, each freeing 60-99 % of what was written), a fill that accelerates (x1 to x4 a day), or
+    one seen from a fresh start with a small rm in sight (1-15 % of what was written by then). Restarted
+    0-3 times (down 10 s to 10 min). `share`: the range of what a lossy rhythm's cleanups free."""
+    family = draw(st.sampled_from(("lossy", "accelerating", "warm-up rm")))
+    p = {"size": _size(draw)}
+    if family == "lossy":
+        period = math.exp(draw(st.floats(math.log(H), math.log(48 * H))))
+        p.update(period=period, share=draw(st.floats(*share)), depth=draw(st.floats(0.02, 0.3)),
+                 cycles=draw(st.integers(2, 3 if period <= 24 * H else 2)), frac=draw(st.floats(0.05, 1.0)),
+                 first=draw(st.floats(0.1, 1.0)), rng=_seed(draw))
+    elif family == "accelerating":
+        p.update(free=draw(st.floats(0.2, 0.95)), ttf=draw(st.floats(12.5 * H, 30 * H)), accel=draw(st.floats(1.0, 4.0)))
+    else:
+        p.update(free=draw(st.floats(0.2, 0.9)), ttf=draw(st.floats(2 * H, 8 * H)), share=draw(st.floats(0.01, 0.15)),
+                 at=draw(st.floats(0.1, 0.8)))
+    disk = SHAPES[family](p)
+    gaps = _restarts(draw, 0.0, disk.full_at, 600.0)
+    return trace(family, p, _noise(draw, p["size"]), _seed(draw), gaps)

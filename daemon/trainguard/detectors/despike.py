@@ -12,8 +12,9 @@ in a row are not.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
+
+from trainguard.detectors.fit import theil_sen
 
 HALF = 3  # neighbours each side: seven samples, of which up to two may be off
 OUTLIER = 5.0
@@ -24,8 +25,7 @@ def despiked(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]
     for i, (ts, value) in enumerate(points):
         near = points[max(i - HALF, 0):i + HALF + 1]
         # Theil-Sen: two outliers among the seven leave most pairs' slopes alone.
-        slope = statistics.median([(b[1] - a[1]) / max(b[0] - a[0], 1e-9)
-                                   for k, a in enumerate(near) for b in near[k + 1:]] or [0.0])
+        slope = theil_sen(near) or 0.0
         along = sorted(v - slope * (t - ts) for t, v in near)
         mid = along[len(along) // 2]
         spread = sorted(abs(v - mid) for v in along)[len(along) // 2]

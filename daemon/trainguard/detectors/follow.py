@@ -21,8 +21,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from trainguard.detectors import sawtooth
+from trainguard.detectors.fit import Points, noise
 from trainguard.detectors.steps import DROP_FRACTION, Step, steps
-from trainguard.detectors.trend import GAP, Points, Trend, fill_trend, noise
+from trainguard.detectors.trend import GAP, Trend, fill_trend
 
 REFIT_EVERY = 600.0  # seconds a carried trend lives at most
 SETTLE = 60.0  # after news (a write, a deletion in progress), fit once more this much later
@@ -69,9 +70,10 @@ def _full(prev: Fit | None, pts: Points, size: float, now: float, cfg, news: boo
     if trend is not None:
         if trend.learning:
             refit.append(pts[0][0] + cfg.window - GAP)  # the history covers the window: no longer learning
-        if trend.bounded:
+        if trend.bounded or trend.quiet:
             # Which of the rhythm's forecast and the plain fit alerts first changes as the window slides,
-            # which no carried line follows: such a trend is fitted again each cycle (about 1 ms).
+            # which no carried line follows, nor the end of a warm-up hold: such a trend is fitted again
+            # each cycle (about 1 ms).
             refit.append(now + 1.0)
         # A cleanup that leaves the window, or that falls due, changes the fit.
         refit += [c.ts + cfg.window for c in cycles if c.ts + cfg.window > now]

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 
 from trainguard.detectors import filesystem
 from trainguard.detectors.follow import Fit, follow_trend, learned, seeded  # noqa: F401  (follow_trend re-exported)
-from trainguard.detectors.trend import MAX_ERROR, Trend, fill_trend, theil_sen  # noqa: F401  (re-exported)
+from trainguard.detectors.postpone import MAX_ERROR
+from trainguard.detectors.trend import Trend, fill_trend  # noqa: F401  (fill_trend re-exported)
 from trainguard.records import Finding, FsSample, Severity
 from trainguard.units import format_bytes, format_duration, format_ratio
 

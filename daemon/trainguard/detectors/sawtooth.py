@@ -7,8 +7,8 @@ back in, and the daemon keeps in its state database), kept for three of the long
 least, a week at most), so a saw-tooth whose period is a large part of the window, or longer than it,
 still has enough cycles for its period, the scatter of its lows and their drift.
 
-A rhythm is counted on only where it keeps the disk from filling (`keeps_up`: the rule, stated there and
-in docs/forecast.md). What a GC that keeps up means for the forecast:
+A rhythm is counted on only where it keeps the disk from filling (detectors.postpone.may_postpone: the rule,
+stated there and in docs/forecast.md). What a GC that keeps up means for the forecast:
 - the next cleanup is expected one period after the last (`next_in`); if it does not come, the disk is
   full after `latest / gross` (`eta_without`): both go into the alert text;
 - the lows hold (within their own scatter): the disk is never forecast full while the next cleanup is
@@ -30,6 +30,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from trainguard.detectors.fit import theil_sen
+
 MEMORY = 24 * 3600.0  # cycles are remembered at least this long (a day of checkpoints or rotations) ...
 PERIODS_KEPT = 3  # ... and at least this many of their longest period ...
 MEMORY_MAX = 7 * 86400.0  # ... up to a week (a weekly cleanup is then known from its last two)
@@ -37,7 +39,6 @@ MAX_CYCLES = 16
 LATE = 0.1  # a cleanup later than its periods scatter, and this share of a period at least, with the disk
 # below its lows by their scatter, has stopped
 JITTER_OF_FREED = 0.3  # lows scatter at least this share of what a cleanup frees (its trigger jitters)
-NOISE_WIDTHS = 6.0  # a cleanup frees more than this many widths of the sample-to-sample jitter
 # Standard errors a low to come may fall short of its forecast: a warning is due at every one of the
 # few cycles that pass through the lead, each a new draw, and the scatter is learned from a few steps.
 LOW_ERRORS = 2.5
@@ -85,30 +86,7 @@ def memory(cycles: Sequence[Cycle]) -> float:
     return min(max(MEMORY, PERIODS_KEPT * longest), MEMORY_MAX)
 
 
-def keeps_up(cycles: Sequence[Cycle], gross: float, size: float, largest_write: float, noise: float) -> bool:
-    """The rule a learned rhythm must pass before it may postpone a forecast, stated here only (and in
-    docs/forecast.md): the rhythm it implies keeps the disk from filling.
-    - every cleanup freed more than NOISE_WIDTHS of the samples' jitter: a dip of a few noise widths is noise;
-    - what they free covers what the writer fills (`gross` bytes/s) in their mean period, short by no more
-      than a low scatters anyway (`_allowance`): a "cleanup" smaller than the fill between two of them
-      leaves the disk to fill;
-    - the low has held: two cycles' lows within that allowance; more, no lower across them than twice
-      their scatter (their own around their line, and at least that allowance): no loss per period.
-    A rhythm that fails it may still make the forecast earlier, never later: detectors.trend then alerts
-    no later than the plain full-window fit would."""
-    if len(cycles) < 2 or gross <= 0 or min(c.freed for c in cycles) < NOISE_WIDTHS * noise:
-        return False
-    allowance = _allowance(cycles, size, largest_write)
-    every = (cycles[-1].ts - cycles[0].ts) / (len(cycles) - 1)
-    if gross * every - statistics.fmean(c.freed for c in cycles) > allowance:
-        return False
-    if len(cycles) == 2:
-        return cycles[1].low >= cycles[0].low - allowance
-    slope, spread = _drift(cycles)
-    return _loss(cycles, every, slope, _scatter(cycles, spread, size, largest_write)) == 0
-
-
-def _allowance(cycles: Sequence[Cycle], size: float, largest_write: float) -> float:
+def allowance(cycles: Sequence[Cycle], size: float, largest_write: float) -> float:
     """What a low may be off by whatever the rhythm: a deletion-sized share of the disk, a checkpoint
     written just before the cleanup, its trigger's jitter (a share of what it frees)."""
     return max(size * 0.005, largest_write, JITTER_OF_FREED * statistics.median(c.freed for c in cycles))
@@ -124,28 +102,24 @@ def missed_after(cycles: Sequence[Cycle]) -> float:
     return cycles[-1].ts + every + max(3 * spread, LATE * every)
 
 
-def _drift(cycles: Sequence[Cycle]) -> tuple[float, float]:
+def drift(cycles: Sequence[Cycle]) -> tuple[float, float]:
     """(slope of the lows in bytes/s, their scatter around it: max - min of the residuals)."""
-    slope = _theil_sen([(c.ts, c.low) for c in cycles]) if len(cycles) >= 3 else 0.0
+    slope = (theil_sen([(c.ts, c.low) for c in cycles]) or 0.0) if len(cycles) >= 3 else 0.0
     residuals = [c.low - slope * (c.ts - cycles[0].ts) for c in cycles]
     return slope, max(residuals) - min(residuals)
 
 
-def _scatter(cycles: Sequence[Cycle], spread: float, size: float, largest_write: float) -> float:
-    return max(_allowance(cycles, size, largest_write), spread)
+def lows_scatter(cycles: Sequence[Cycle], spread: float, size: float, largest_write: float) -> float:
+    """What the lows may scatter by: their own spread, and at least the allowance."""
+    return max(allowance(cycles, size, largest_write), spread)
 
 
-def _loss(cycles: Sequence[Cycle], every: float, slope: float, scatter: float) -> float:
+def loss_per_period(cycles: Sequence[Cycle], every: float, slope: float, scatter: float) -> float:
     """Bytes the lows lose per period when they go down by more than their scatter; 0 when they hold."""
     if len(cycles) < 3:
         return 0.0
     decline = -slope * (cycles[-1].ts - cycles[0].ts)
     return -slope * every if decline > 2 * scatter else 0.0
-
-
-def _theil_sen(pts: Sequence[tuple[float, float]]) -> float:
-    slopes = [(v2 - v1) / (t2 - t1) for i, (t1, v1) in enumerate(pts) for t2, v2 in pts[i + 1:] if t2 > t1]
-    return statistics.median(slopes) if slopes else 0.0
 
 
 def run_forward(avail: float, gross: float, loss: float, first_in: float, period: float) -> float | None:
@@ -168,8 +142,8 @@ def next_low(cycles: Sequence[Cycle], latest: float, gross: float, size: float, 
     """The forecast of a saw-tooth with at least two cycles, filling at `gross` bytes/s between them."""
     every = statistics.median(b.ts - a.ts for a, b in zip(cycles, cycles[1:]))
     frees = statistics.median(c.freed for c in cycles)
-    slope, spread = _drift(cycles)
-    scatter = _scatter(cycles, spread, size, largest_write)
+    slope, spread = drift(cycles)
+    scatter = lows_scatter(cycles, spread, size, largest_write)
     last = cycles[-1].ts
     next_in = max(last + every - now, 0.0)
     eta_without = latest / gross
@@ -178,7 +152,7 @@ def next_low(cycles: Sequence[Cycle], latest: float, gross: float, size: float, 
     # level that brings a cleanup is passed; later than the latest one has come by more than the periods
     # scatter, its time is.
     lowest = min(c.low for c in cycles)
-    margin = max(size * 0.005, largest_write, spread) if len(cycles) > 2 else _allowance(cycles, size, largest_write)
+    margin = max(size * 0.005, largest_write, spread) if len(cycles) > 2 else allowance(cycles, size, largest_write)
     floor = lowest - margin
     below = latest < floor
     longest = max(b.ts - a.ts for a, b in zip(cycles, cycles[1:]))
@@ -186,7 +160,7 @@ def next_low(cycles: Sequence[Cycle], latest: float, gross: float, size: float, 
         # Neither its level nor its time brought the cleanup (or the disk is full before even its
         # latest time): it may have stopped, so count on none.
         return NextLow(eta_without, next_in, eta_without, every, frees, lowest, stopped=True)
-    loss = _loss(cycles, every, slope, scatter)
+    loss = loss_per_period(cycles, every, slope, scatter)
     if loss > 0:
         # Run forward at the pace the cycles balance to (what each frees, and what the lows lose, over
         # the mean period): over many cycles it is closer than the fit of the window between cleanups.

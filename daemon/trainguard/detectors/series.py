@@ -8,7 +8,7 @@ saturation), gpu.util (stall), gpu.throttle (throttling), gpu.xid (XID hold).
 
 from __future__ import annotations
 
-from trainguard.detectors.gpu import CRITICAL_XIDS
+from trainguard.detectors.xids import CRITICAL_XIDS
 from trainguard.records import Snapshot
 
 

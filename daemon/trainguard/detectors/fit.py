@@ -1,0 +1,139 @@
+"""The robust fit of a free-space series: one Theil-Sen slope, the consumption rate it gives, the newest
+consistent regime of it, and the measurement noise.
+
+Disks of training hosts fill in steps (a checkpoint every N minutes) and empty in drops (a cleanup).
+A least-squares line through such a staircase swings with every step; the slope is a Theil-Sen
+estimate (median of pairwise slopes) over points bucketed across the window, using only pairs far
+enough apart that a single step or drop cannot dominate.
+
+A burst is not a trend until it has lasted: the window is halved from the old end while the older
+half's rate disagrees with the newer half's (a download that started or stopped), and the rate and
+the evidence are those of the newest part that is consistent.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from collections.abc import Sequence
+
+from trainguard.detectors.steps import steps
+
+BUCKETS = 48  # points the window is reduced to; 48 -> ~1100 pairs, cheap in pure Python
+MIN_POINTS = 4
+RECENT = 60  # newest points the noise is judged on (10 min at the default interval)
+CONSISTENT = 0.5  # halves of a regime whose rates differ by more than 2x are two regimes
+NOISE_RATE = 1e-6  # fraction of the filesystem per second below which a rate is noise (~3.6 ‰/h)
+
+Points = Sequence[tuple[float, float]]
+
+
+def theil_sen(points: Points, min_gap: float = 0.0) -> float | None:
+    """The median of the slopes between pairs of points at least `min_gap` apart in time (and apart at
+    all); None without such a pair. The one robust slope of the forecast: of the window, of the lows of
+    a saw-tooth, of a neighbourhood of samples (detectors.despike)."""
+    slopes = [
+        (v2 - v1) / (t2 - t1)
+        for i, (t1, v1) in enumerate(points)
+        for t2, v2 in points[i + 1:]
+        if t2 - t1 >= min_gap and t2 > t1
+    ]
+    return statistics.median(slopes) if slopes else None
+
+
+def _bucketed(points: Points, start: float, end: float) -> list[tuple[float, float]]:
+    """Last point per time bucket: a staircase keeps its steps, memory and work stay bounded."""
+    width = max((end - start) / BUCKETS, 1e-9)
+    out: dict[int, tuple[float, float]] = {}
+    for ts, value in points:
+        out[int((ts - start) / width)] = (ts, value)
+    return [out[k] for k in sorted(out)]
+
+
+def consumption(points: Points) -> float | None:
+    """Robust bytes/s of consumption (positive: filling) over the points."""
+    if len(points) < MIN_POINTS:
+        return None
+    span = points[-1][0] - points[0][0]
+    reduced = _bucketed(points, points[0][0], points[-1][0])
+    if len(reduced) < MIN_POINTS:
+        return None
+    slope = theil_sen(reduced, min_gap=span / 4)
+    return None if slope is None else -slope
+
+
+def regime(points: Points, size: float, min_span: float) -> tuple[float, float] | None:
+    """(rate, evidence): the consumption rate of the newest consistent part of the points, and its span.
+
+    While the older half of the span disagrees with the newer half (rates more than 2x apart, beyond
+    noise), the older half is another regime: a download that started, or one that stopped."""
+    fitted = _consistent(points, size, min_span)
+    if fitted is None:
+        return None
+    rate, span = fitted
+    # A rate that stopped holding (a download that ended): its last min_span says so before the halves
+    # do. Then the trend is that tail, whose evidence is short, unless the difference is within noise.
+    end = points[-1][0]
+    tail = [p for p in points if p[0] >= end - min_span]
+    # Not on a staircase (three or more steps, of any size beyond noise): between its steps it is as flat.
+    if span > min_span and rate > 0 and len(steps(points, size, least=0.0)[0]) < 3:
+        now_rate = consumption(tail)
+        if now_rate is not None and now_rate < CONSISTENT * rate \
+                and (rate - now_rate) * min_span > 4 * _jitter(tail) + NOISE_RATE * size * min_span:
+            return now_rate, tail[-1][0] - tail[0][0]
+    return rate, span
+
+
+def noise(points: Points) -> float:
+    """The measurement noise now: the jitter of the newest RECENT points."""
+    return _jitter(points[-RECENT:])
+
+
+def _jitter(points: Points) -> float:
+    """Spread of the sample-to-sample changes around their median (the measurement noise)."""
+    diffs = [b[1] - a[1] for a, b in itertools.pairwise(points)]
+    if len(diffs) < 3:
+        return 0.0
+    mid = statistics.median(diffs)
+    return 1.4826 * statistics.median(abs(d - mid) for d in diffs)
+
+
+def _consistent(points: Points, size: float, min_span: float) -> tuple[float, float] | None:
+    end = points[-1][0]
+    span = end - points[0][0]
+    part = list(points)
+    noise = NOISE_RATE * size
+    halved = False
+    while True:
+        rate = consumption(part)
+        if rate is None:
+            return None
+        half = span / 2
+        if half < min_span:
+            # Too short to halve again after a change: where in this part the new regime began is not
+            # known, so it has held for half of it at most as far as evidence goes.
+            return rate, (half if halved else span)
+        older = consumption([p for p in part if p[0] <= end - half])
+        newer = consumption([p for p in part if p[0] >= end - half])
+        if older is None or newer is None:
+            return rate, span
+        hi, lo = max(older, newer), min(older, newer)
+        if hi <= noise or lo >= CONSISTENT * hi:
+            return rate, span
+        part, span, halved = [p for p in part if p[0] >= end - half], half, True
+
+
+def least_squares(points: Points) -> tuple[float, float] | None:
+    """(bytes/s of consumption, free bytes at the newest point) by the plain least-squares line through the
+    points, as they are (predict_linear's method: the line's value at the newest time, not the sample's);
+    None without two distinct times."""
+    n = len(points)
+    if n < 2:
+        return None
+    mt = statistics.fmean(t for t, _ in points)
+    mv = statistics.fmean(v for _, v in points)
+    var = sum((t - mt) ** 2 for t, _ in points)
+    if var <= 0:
+        return None
+    slope = sum((t - mt) * (v - mv) for t, v in points) / var
+    return -slope, mv + slope * (points[-1][0] - mt)

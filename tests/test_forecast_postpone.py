@@ -1,0 +1,93 @@
+"""A learned rhythm may postpone an alert only when it is measured to keep up, and warm-up may hold an alert
+for a churn it has not seen, never for a fill the plain fit proves (detectors.postpone).
+
+The reference is the plain least-squares line through the samples (predict_linear's method), written here.
+"""
+
+from __future__ import annotations
+
+from trainguard.config import Forecast
+from trainguard.detectors.forecast import fill_trend, follow_trend, level
+from trainguard.detectors.sawtooth import Cycle
+from trainguard.store.history import History
+
+GB = 1e9
+H = 3600.0
+DAY = 24 * H
+CFG = Forecast()
+
+
+def plain_eta(points) -> float | None:
+    """Seconds to full by the least-squares line through the points, taken at the newest one (as
+    predict_linear takes it at the evaluation time); None when it does not fall."""
+    n = len(points)
+    mt = sum(t for t, _ in points) / n
+    mv = sum(v for _, v in points) / n
+    var = sum((t - mt) ** 2 for t, _ in points)
+    if n < 2 or var <= 0:
+        return None
+    slope = sum((t - mt) * (v - mv) for t, v in points) / var
+    at_now = mv + slope * (points[-1][0] - mt)
+    return at_now / -slope if slope < 0 else None
+
+
+def plain_warns(points) -> bool:
+    """The plain fit warns: its ETA under the warning horizon, and no further ahead than it has watched."""
+    eta = plain_eta(points)
+    return eta is not None and eta < CFG.warning and eta <= CFG.evidence_ratio * (points[-1][0] - points[0][0])
+
+
+# ---- a rhythm that loses ground ------------------------------------------------------------------------
+
+SIZE = 10_000 * GB
+GROSS = 1290 * GB / DAY  # written per second
+LOWS = (800 * GB, 510 * GB, 220 * GB)  # a daily cleanup freeing 1 TB, at 24, 48 and 72 h
+FULL_AT = 3 * DAY + (LOWS[-1] + 1000 * GB) / GROSS  # 1.3 h before the next cleanup would come
+
+
+def losing_rhythm(t: float) -> float:
+    """Free bytes at t seconds: filling at GROSS, 1 TB given back at each of the three cleanups."""
+    freed = sum(1000 * GB for k in range(1, 4) if t >= k * DAY)
+    return LOWS[0] + GROSS * DAY - GROSS * t + freed
+
+
+def test_a_rhythm_whose_lows_decline_to_full_does_not_postpone_the_alert():
+    cycles = tuple(Cycle(k * DAY, low, 1000 * GB) for k, low in zip((1, 2, 3), LOWS))
+    warned = []
+    for hours_left in (5.9, 5.7, 5.5, 5.3):
+        now = FULL_AT - hours_left * H
+        pts = [(t, losing_rhythm(t)) for t in range(int(now - CFG.window), int(now) + 1, 60)]
+        assert plain_warns(pts), hours_left  # the plain line says full in under 6 h, and has watched 6 h
+        trend = fill_trend(pts, SIZE, now, CFG.window, CFG.min_span, cycles)
+        assert trend.eta is not None and trend.eta <= plain_eta(pts) * 1.01, (hours_left, trend.eta)
+        warned.append(level(trend, CFG) is not None)
+    assert all(warned), warned  # at least as early as the plain fit
+
+
+# ---- warm-up and a small deletion in a real fill -------------------------------------------------------
+
+def test_warm_up_does_not_hold_a_fill_that_the_plain_fit_proves():
+    # A fresh start on a 1 TB disk filling at 100 GB/h from 400 GB free, one 10 GB rm at 1.5 h: full at 4.1 h.
+    size, rate = 1000 * GB, 100 * GB / H
+    full_at = (400 * GB + 10 * GB) / rate
+
+    def avail(t: float) -> float:
+        return 400 * GB - rate * t + (10 * GB if t >= 1.5 * H else 0.0)
+
+    history, fit, active = History(None, window=CFG.window), None, None
+    first, plain_first, seen = None, None, []
+    for k in range(int(full_at // 10)):
+        t = 10.0 * k
+        history.record(t, {"a": avail(t)})
+        seen.append((t, avail(t)))
+        if k % 6:
+            continue  # evaluated every minute
+        trend, fit = follow_trend(fit, lambda since: history.points("a", since), size, t, CFG)
+        alert = level(trend, CFG, active)
+        active = alert[0] if alert else None
+        if alert and first is None:
+            first = t
+        if plain_first is None and len(seen) > 2 and plain_warns(seen):
+            plain_first = t
+    assert plain_first is not None
+    assert first is not None and first <= plain_first + 60.0, (first, plain_first)
