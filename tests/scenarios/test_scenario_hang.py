@@ -57,9 +57,16 @@ class GlooJob:
             argv.append("--single")
         env = child_env({"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"})
         with open(self.log, "wb") as log:
+            # A session of its own: the ranks torchrun starts share its process group, which stop() ends
+            # whole, also when the ranks never came up (their PIDs unknown).
             self.launcher = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                             env=env)
-        self.pids = wait_until(self._pids, 120, what=f"{self.nranks} ranks up")
+                                             env=env, start_new_session=True)
+        self.pids: list[int] = []
+        try:
+            self.pids = wait_until(self._pids, 120, what=f"{self.nranks} ranks up")
+        except BaseException:
+            self.stop()
+            raise
 
     def _pids(self) -> list[int] | None:
         files = [self.out / f"rank{r}.pid" for r in range(self.nranks)]
@@ -74,6 +81,10 @@ class GlooJob:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        try:
+            os.killpg(self.launcher.pid, signal.SIGKILL)  # the group this job's launcher leads: ours alone
+        except ProcessLookupError:
+            pass
         self.launcher.wait()
 
 
