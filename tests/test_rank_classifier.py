@@ -22,6 +22,7 @@ from trainguard.diagnosis.ranks import (
     verdict_of,
 )
 from trainguard.diagnosis.words import run_remedy_text, run_verdict_text
+from trainguard.i18n import tr
 from trainguard.sources.procs import ThreadInfo
 
 DATA = Path(__file__).parent / "data" / "pyspy"
@@ -67,16 +68,16 @@ def test_the_odd_rank_out_holds_the_others():
     assert (holder["rank"], holder["pid"], holder["frame"], holder["file"], holder["mount"]) == (
         2, 4121, "DataLoader.__next__", FILE, SHARE)
     assert [r["moved"] for r in d["diagnosis"]] == [False] * 4
-    en = run_verdict_text(d, "en")
+    en = run_verdict_text(d, tr("en"))
     assert en.startswith(f"rank 2 (PID 4121) is in DataLoader.__next__ [Shard.__getitem__ (ranks.py:10)] reading "
                          f"{FILE} (mount {SHARE}), D state; ranks 0, 1, 3 wait in all_reduce"), en
-    zh = run_verdict_text(d, "zh")
+    zh = run_verdict_text(d, tr("zh"))
     assert zh.startswith("rank 2（PID 4121）停在 DataLoader.__next__") and FILE in zh
     assert zh.endswith("rank 0, 1, 3 在 all_reduce 中等它"), zh
-    remedy = run_remedy_text(d, "en")
+    remedy = run_remedy_text(d, tr("en"))
     assert SHARE in remedy and "NCCL_DEBUG=WARN" in remedy and "TORCH_NCCL_DUMP_ON_TIMEOUT=1" in remedy
-    assert "；设置 NCCL_DEBUG=WARN；" in run_remedy_text(d, "zh")
-    assert "TORCH_FR_DUMP_TEMP_FILE" in run_remedy_text(d, "zh")
+    assert "；设置 NCCL_DEBUG=WARN；" in run_remedy_text(d, tr("zh"))
+    assert "TORCH_FR_DUMP_TEMP_FILE" in run_remedy_text(d, tr("zh"))
 
 
 def test_a_data_loader_waiting_for_its_workers():
@@ -84,18 +85,18 @@ def test_a_data_loader_waiting_for_its_workers():
     waits = RankSample(0, 300, _view(300), ThreadInfo(300, "python", "S", "do_sys_poll", "syscall 7"), stacks, stacks)
     alone = run_diagnosis([waits], "py-spy")
     assert alone["verdict"] == "dataloader_deadlock" and alone["blocked_rank"]["frame"] == "DataLoader.__next__"
-    assert "data-loader deadlock" in run_verdict_text(alone, "en")
-    assert "DataLoader 死锁" in run_verdict_text(alone, "zh")
+    assert "data-loader deadlock" in run_verdict_text(alone, tr("en"))
+    assert "DataLoader 死锁" in run_verdict_text(alone, tr("zh"))
     held = run_diagnosis([_waiting(0, 100), dataclasses.replace(waits, rank=1), _waiting(2, 102)], "py-spy")
     assert held["verdict"] == "rank_holds_collective" and held["holder"]["frame"] == "DataLoader.__next__"
     for d in (alone, held):
-        assert "py-spy dump --pid on PID 300's children" in run_remedy_text(d, "en")
+        assert "py-spy dump --pid on PID 300's children" in run_remedy_text(d, tr("en"))
 
 
 def test_all_in_the_collective_names_no_rank():
     d = run_diagnosis([_waiting(r, 100 + r) for r in range(4)], "py-spy")
     assert d["verdict"] == "all_in_collective" and d["holder"] is None and d["waiting_ranks"] == [0, 1, 2, 3]
-    assert "all 4 ranks here wait in all_reduce" in run_verdict_text(d, "en")
+    assert "all 4 ranks here wait in all_reduce" in run_verdict_text(d, tr("en"))
 
 
 def test_a_stack_that_moved_is_not_waiting():
@@ -109,8 +110,8 @@ def test_a_stack_that_moved_is_not_waiting():
 def test_a_gone_rank_holds_the_others():
     d = run_diagnosis([_waiting(0, 100), RankSample(1, 101, None, None, None, None), _waiting(2, 102)], "py-spy")
     assert d["verdict"] == "rank_holds_collective" and d["holder"]["kind"] == "gone"
-    assert run_verdict_text(d, "en").startswith("rank 1 (PID 101) has exited; ranks 0, 2 wait in all_reduce")
-    assert "dmesg" in run_remedy_text(d, "en")
+    assert run_verdict_text(d, tr("en")).startswith("rank 1 (PID 101) has exited; ranks 0, 2 wait in all_reduce")
+    assert "dmesg" in run_remedy_text(d, tr("en"))
     zombie = RankSample(1, 101, _view(101), ThreadInfo(101, "python", "Z", ""), None, None)
     assert run_diagnosis([_waiting(0, 100), zombie], "py-spy")["holder"]["kind"] == "gone"
 
@@ -132,7 +133,7 @@ def test_without_stacks_proc_names_the_blocked_rank_and_says_why():
     assert (d["blocked_rank"]["rank"], d["blocked_rank"]["file"], d["blocked_rank"]["mount"]) == (1, FILE, SHARE)
     assert d["stacks_note"].startswith("py-spy is not installed")
     assert [r["kind"] for r in d["diagnosis"]] == ["unknown", "io", "unknown"]
-    assert "py-spy is not installed" in run_verdict_text(d, "en")
+    assert "py-spy is not installed" in run_verdict_text(d, tr("en"))
 
 
 def test_the_other_threads_that_did_not_move_are_kept():

@@ -16,6 +16,7 @@ import pytest
 from trainguard.detectors.progress import HANG_PREFIX
 from trainguard.diagnosis.stall import StallDiagnoser
 from trainguard.diagnosis.words import run_remedy_text, run_verdict_text
+from trainguard.i18n import tr
 from trainguard.records import Finding, Severity, Snapshot
 from trainguard.sources import procs
 
@@ -143,9 +144,9 @@ def test_the_rank_blocked_on_the_share_holds_the_others(held_by_rank_2):
     assert f"reading {path} (mount {fs.mountpoint})" in out.summary
     assert out.summary.endswith("; ranks 0, 1, 3 wait in all_reduce")
     assert str(fs.mountpoint) in out.hint and "NCCL_DEBUG=WARN" in out.hint
-    zh = run_verdict_text(d, "zh")
+    zh = run_verdict_text(d, tr("zh"))
     assert f"rank 2（PID {ranks[2].pid}）停在 Shard.__getitem__" in zh and zh.endswith("rank 0, 1, 3 在 all_reduce 中等它")
-    assert str(fs.mountpoint) in run_remedy_text(d, "zh")
+    assert str(fs.mountpoint) in run_remedy_text(d, tr("zh"))
 
 
 def test_without_py_spy_proc_still_names_the_blocked_rank(held_by_rank_2, monkeypatch, tmp_path):
@@ -157,7 +158,7 @@ def test_without_py_spy_proc_still_names_the_blocked_rank(held_by_rank_2, monkey
     assert (d["blocked_rank"]["rank"], d["blocked_rank"]["file"], d["blocked_rank"]["mount"]) == (
         2, str(path), str(fs.mountpoint))
     assert [r["kind"] for r in d["diagnosis"]] == ["unknown", "unknown", "io", "unknown"]
-    assert "py-spy is not installed" in run_verdict_text(d, "en")
+    assert "py-spy is not installed" in run_verdict_text(d, tr("en"))
 
 
 @needs_py_spy
@@ -179,7 +180,7 @@ def test_all_ranks_in_the_collective_name_no_holder(tmp_path):
     d = out[1].details
     assert d["verdict"] == "all_in_collective" and d["holder"] is None, d
     assert d["waiting_ranks"] == [0, 1, 2] and d["collective"] == "all_reduce"
-    assert run_verdict_text(d, "en").startswith("all 3 ranks here wait in all_reduce, none holds them")
+    assert run_verdict_text(d, tr("en")).startswith("all 3 ranks here wait in all_reduce, none holds them")
 
 
 @needs_py_spy
@@ -256,7 +257,7 @@ def test_real_gloo_ranks_wait_in_all_reduce_for_the_rank_reading_the_share(slowf
     assert (holder["rank"], holder["pid"], holder["frame"]) == (2, ranks[2].pid, "DataLoader.__next__")
     assert (holder["file"], holder["mount"]) == (str(path), str(slowfs.mountpoint))
     assert d["collective"] == "all_reduce" and d["waiting_ranks"] == [0, 1, 3]
-    assert run_verdict_text(d, "en").startswith(f"rank 2 (PID {ranks[2].pid}) is in DataLoader.__next__")
+    assert run_verdict_text(d, tr("en")).startswith(f"rank 2 (PID {ranks[2].pid}) is in DataLoader.__next__")
 
 
 def test_a_py_spy_that_cannot_read_the_ranks_is_said(tmp_path):
@@ -269,4 +270,4 @@ def test_a_py_spy_that_cannot_read_the_ranks_is_said(tmp_path):
     assert d["stacks"] == "failed" and "ptrace" in d["stacks_note"]
     assert d["verdict"] == "unknown" and [r["kind"] for r in d["diagnosis"]] == ["unknown", "unknown"]
     assert [r["wchan"] for r in d["diagnosis"]] != ["", ""]  # what /proc shows: where each main thread sleeps
-    assert "no ptrace rights" in run_verdict_text(d, "en") and "ptrace" in run_verdict_text(d, "zh")
+    assert "no ptrace rights" in run_verdict_text(d, tr("en")) and "ptrace" in run_verdict_text(d, tr("zh"))

@@ -49,3 +49,23 @@ def test_an_exit_says_how_the_run_ended():
         "run": "torchrun-4121", "how": "killed", "error": "traceback : Signal 9 (SIGKILL) received by PID 4122"})
     assert texts_for(killed, tr("en")).fact == "Training torchrun-4121 was killed"
     assert texts_for(killed, tr("zh")).fact == "训练 torchrun-4121 被终止"
+
+
+def test_a_hang_the_rank_diagnosis_enriched_renders_its_verdict_and_next_steps_in_both_languages():
+    """The keys the cross-rank diagnosis adds (verdict, holder, collective, waiting_ranks, stacks) as it
+    writes them, rendered through the phone texts: no language may fall back or fail."""
+    holder = {"rank": 2, "pid": 4124, "frame": "DataLoader.__next__", "at": "Shard.__getitem__ (data.py:10)",
+              "file": "/root/autodl-fs/x.bin", "mount": "/root/autodl-fs", "kind": "io", "state": "D"}
+    diagnosed = {
+        "rank_holds_collective": hang(verdict="rank_holds_collective", holder=holder, waiting_ranks=[0, 1, 3],
+                                      collective="all_reduce"),
+        "all_in_collective": hang(verdict="all_in_collective", waiting_ranks=[0, 1, 2, 3], collective="all_reduce",
+                                  stacks="missing"),
+    }
+    for verdict, f in diagnosed.items():
+        for lang in ("en", "zh"):
+            texts = texts_for(f, tr(lang))
+            assert not texts.fallback and texts.why and "NCCL_DEBUG=WARN" in texts.step, (verdict, lang, texts)
+    en = texts_for(diagnosed["all_in_collective"], tr("en"))
+    assert "none holds them" in en.why and "py-spy is not installed" in en.why
+    assert "/root/autodl-fs" in texts_for(diagnosed["rank_holds_collective"], tr("zh")).step

@@ -26,6 +26,7 @@ from trainguard.diagnosis.threads import (
 )
 from trainguard.diagnosis.words import run_remedy_text, run_verdict_text
 from trainguard.diagnosis.worker import Children
+from trainguard.i18n import tr
 from trainguard.records import Finding, FsSample
 from trainguard.sources import procs
 from trainguard.sources.procs import ThreadInfo
@@ -222,9 +223,9 @@ def rank_pids(field: Any) -> list[tuple[int, int]]:
 def with_run_diagnosis(finding: Finding, details: Mapping[str, Any]) -> Finding:
     """The hang finding with the run's diagnosis in its details, its verdict in the summary, the next
     steps as hint (English: logs and JSON; alerts say it from the details in the reader's language)."""
-    return dataclasses.replace(finding, summary=f"{finding.summary} — {run_verdict_text(details, 'en')}",
+    return dataclasses.replace(finding, summary=f"{finding.summary} — {run_verdict_text(details, tr('en'))}",
                                details={**finding.details, **details, "diagnosis_timed_out": False},
-                               hint=run_remedy_text(details, "en"))
+                               hint=run_remedy_text(details, tr("en")))
 
 
 # --- gathering (in the diagnoser's worker) ------------------------------------------------------

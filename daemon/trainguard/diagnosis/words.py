@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from trainguard.i18n import N_, Gettext, tr
+from trainguard.i18n import N_, Gettext
 from trainguard.units import format_duration
 
 Facts = Mapping[str, Any]
@@ -201,9 +201,8 @@ def _rank_doing(r: Facts, _: Gettext) -> str:
     return text
 
 
-def run_verdict_text(details: Facts, lang: str) -> str:
+def run_verdict_text(details: Facts, _: Gettext) -> str:
     """One line: which rank holds the others and where, or why none does."""
-    _ = tr(lang)
     verdict, waiting = details.get("verdict", "unknown"), details.get("waiting_ranks") or []
     if verdict == "rank_holds_collective":
         text = _("{holder}; ranks {ranks} wait in {collective}").format(
@@ -233,9 +232,8 @@ NCCL_STEP = N_("set NCCL_DEBUG=WARN; for the flight recorder's record at the tim
                "(older PyTorch: TORCH_NCCL_TRACE_BUFFER_SIZE, TORCH_NCCL_DEBUG_INFO_TEMP_FILE)")
 
 
-def run_remedy_text(details: Facts, lang: str) -> str:
+def run_remedy_text(details: Facts, _: Gettext) -> str:
     """The next steps: the holder's mount or disk (or its stack), then NCCL's own diagnostics."""
-    _ = tr(lang)
     verdict = details.get("verdict", "unknown")
     r = details.get("holder") or details.get("blocked_rank") or {}
     if r.get("kind") == "gone":

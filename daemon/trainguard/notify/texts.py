@@ -10,12 +10,16 @@ fails for every kind the code creates that has none (docs/i18n.md).
 
 from __future__ import annotations
 
+import logging
+
 from trainguard.i18n import Gettext
 from trainguard.notify import texts_fs, texts_gpu, texts_ops, texts_run  # noqa: F401  (each registers its renderers)
 from trainguard.notify.renderers import RENDERERS, Texts, plain
 from trainguard.records import Finding
 
 __all__ = ["RENDERERS", "Texts", "plain", "texts_for"]
+
+log = logging.getLogger(__name__)
 
 
 def texts_for(f: Finding, _: Gettext) -> Texts:
@@ -25,5 +29,8 @@ def texts_for(f: Finding, _: Gettext) -> Texts:
             return renderer(f, _)
         except (KeyError, TypeError, ValueError):
             pass  # a finding without the facts its renderer needs still gets its English text
+        except Exception as exc:  # a renderer's own fault must not cost the alert its message
+            log.warning("the %s message could not be written in full (%s: %s); sending its English summary",
+                        f.kind, type(exc).__name__, exc)
     return Texts(fact=f.summary, subject=f.summary, what=f.summary, step=_(f.hint) if f.hint else "",
                  fallback=True)

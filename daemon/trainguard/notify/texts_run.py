@@ -59,20 +59,18 @@ def _why(d: Mapping[str, Any], _: Gettext) -> str:
     sentence = holder_sentence(d, _)
     if sentence:
         return sentence
-    from trainguard.diagnosis import words
+    from trainguard.diagnosis.words import run_verdict_text
 
-    verdict = getattr(words, "run_verdict_text", None)  # the cross-rank diagnosis, where it is built
-    if verdict is not None and d.get("verdict"):
-        return verdict(d, _)
+    if d.get("verdict"):  # the cross-rank diagnosis's own line
+        return run_verdict_text(d, _)
     return _("One rank is probably stuck (a hung read, a dead peer) and the others wait for it.")
 
 
 def _step(d: Mapping[str, Any], _: Gettext) -> str:
-    from trainguard.diagnosis import words
+    from trainguard.diagnosis.words import run_remedy_text
 
-    remedy = getattr(words, "run_remedy_text", None)
-    if remedy is not None and d.get("verdict"):
-        return remedy(d, _)
+    if d.get("verdict"):
+        return run_remedy_text(d, _)
     pids = _numbers(r["pid"] for r in d.get("ranks", ())[:4])
     return _("See where each rank is: py-spy dump --pid {pids}; check the mount or disk of the one that is not "
              "in a collective; rerun with NCCL_DEBUG=WARN.").format(pids=pids or "PID")
