@@ -172,3 +172,25 @@ def test_odd_one_out_against_a_plain_count(kinds):
     else:
         assert verdict != "rank_holds_collective"
     assert (verdict == "all_in_collective") == (len(kinds) > 0 and not not_waiting)
+
+
+BACKWARD = (Frame("_engine_run_backward", "torch/autograd/graph.py", 829),
+            Frame("backward", "torch/autograd/__init__.py", 347), Frame("backward", "torch/_tensor.py", 648),
+            Frame("train_step", "train.py", 41), Frame("<module>", "train.py", 80))
+
+
+def _in_backward(rank: int, pid: int, moved: bool = False) -> RankSample:
+    later = (BACKWARD[0]._replace(line=830), *BACKWARD[1:]) if moved else BACKWARD
+    return RankSample(rank, pid, _view(pid), ThreadInfo(pid, "python", "S", "futex_do_wait", "futex"),
+                      {pid: BACKWARD}, {pid: later})
+
+
+def test_ddp_ranks_still_in_backward_wait_in_its_gradient_reduction():
+    """DDP reduces gradients from hooks inside backward: without native frames the waiting ranks show only
+    the autograd engine's frame, still across both dumps, and the rank reading the share holds them."""
+    d = run_diagnosis([_in_backward(0, 4118), _in_backward(1, 4119), _reading(2, 4121), _in_backward(3, 4122)],
+                      "py-spy")
+    assert d["verdict"] == "rank_holds_collective" and d["waiting_ranks"] == [0, 1, 3]
+    assert d["holder"]["rank"] == 2 and "backward" in d["collective"]
+    moving = run_diagnosis([_in_backward(0, 4118, moved=True), _reading(1, 4119)], "py-spy")
+    assert moving["verdict"] == "blocked_io"  # a backward that moved between the dumps is computing

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +24,8 @@ from pathlib import Path
 
 import pytest
 from trainguard import config as configmod
+from trainguard.i18n import tr
+from trainguard.notify.texts import texts_for
 from trainguard.records import AlertStatus
 from trainguard.service.daemon import Daemon
 
@@ -100,10 +103,10 @@ def nvml_for(pids: list[int], clock: FakeClock, phases: list[dict]):
 TRAINING = {"util": 95, "power_w": 300}
 
 
-def daemon_config(tmp_path: Path, enabled: bool = True) -> configmod.Loaded:
+def daemon_config(tmp_path: Path, enabled: bool = True, py_spy: bool = False) -> configmod.Loaded:
     return configmod.Loaded(configmod.parse({
         "general": {"interval": f"{INTERVAL}s"}, "filesystems": {"exclude": ["*"], "paths": [str(tmp_path)]},
-        "gpu": {"host_pid_namespace": "yes", "py_spy": False},
+        "gpu": {"host_pid_namespace": "yes", "py_spy": py_spy},
         "alerts": {"keep_firing_for": "0s"},
         "progress": {"enabled": enabled, "min_silence": f"{MIN_SILENCE}s"},
     }, "test"), "test")
@@ -112,13 +115,14 @@ def daemon_config(tmp_path: Path, enabled: bool = True) -> configmod.Loaded:
 class Watch:
     """The daemon on a fake clock, stepped one interval per cycle; its alerts recorded."""
 
-    def __init__(self, tmp_path: Path, nvml, clock: FakeClock) -> None:
+    def __init__(self, tmp_path: Path, nvml, clock: FakeClock, py_spy: bool = False) -> None:
         self.tmp_path, self.nvml, self.clock, self.notes = tmp_path, nvml, clock, Recorder()
+        self.py_spy = py_spy
         self.daemon = self.start()
         self.daemon.cycle()
 
     def start(self) -> Daemon:
-        return Daemon(daemon_config(self.tmp_path, ENABLED), clock=self.clock, state_dir=str(self.tmp_path / "state"),
+        return Daemon(daemon_config(self.tmp_path, ENABLED, self.py_spy), clock=self.clock, state_dir=str(self.tmp_path / "state"),
                       notifiers=[self.notes], nvml=self.nvml)
 
     def restart(self) -> None:
@@ -142,6 +146,16 @@ class Watch:
             if self.notes.of("train.hang:"):
                 return self.clock.now
         return None
+
+    def diagnosed(self) -> dict:
+        """The hang's details once the cross-rank diagnosis is in (cycling on: a late one comes as an update)."""
+        def found() -> dict | None:
+            done = [e.finding.details for e in self.notes.of("train.hang:") if e.finding.details.get("verdict")]
+            if not done:
+                self.cycle()
+            return done[-1] if done else None
+
+        return wait_until(found, 60, what="the rank diagnosis")
 
     def close(self) -> None:
         self.daemon.close()
@@ -174,7 +188,8 @@ def test_a_rank_blocked_on_a_hung_share_is_one_train_hang_naming_it(tmp_path, sl
     job = GlooJob(tmp_path, "--share-data", str(share_data), "--share-rank", "2")
     clock = FakeClock()
     watch = Watch(tmp_path, nvml_for(job.pids, clock, [{"at": 0, **TRAINING},
-                                                        {"at": HUNG_AT, "util": 100, "power_w": 75}]), clock)
+                                                        {"at": HUNG_AT, "util": 100, "power_w": 75}]), clock,
+                  py_spy=shutil.which("py-spy") is not None)
     try:
         watch.train(job, TRAIN_CYCLES)
         assert watch.notes.of("train.") == []
@@ -189,10 +204,15 @@ def test_a_rank_blocked_on_a_hung_share_is_one_train_hang_naming_it(tmp_path, sl
         assert sorted(ranks) == [0, 1, 2, 3] and ranks[2]["pid"] == job.pids[2]
         assert [r for r, info in ranks.items() if info["blocked_threads"]] == [2]  # the one in I/O
         assert not watch.notes.of("gpu.stall")  # one alert per run, not one per GPU
-        holder = d.get("holder")
-        if holder is not None:  # the cross-rank diagnosis (diagnosis/), where it is built, names the frame
-            assert holder["rank"] == 2 and holder["pid"] == job.pids[2]
-            assert str(slowfs.mountpoint) in str(holder.get("file") or holder.get("mount"))
+        d = watch.diagnosed()  # the cross-rank diagnosis names the rank that holds the others
+        named = d.get("holder") or d.get("blocked_rank")
+        assert named["rank"] == 2 and named["pid"] == job.pids[2]
+        assert str(slowfs.mountpoint) in str(named.get("file") or named.get("mount"))
+        if watch.py_spy:  # with the stacks: its Python frame, and the ranks waiting in the collective
+            assert d["verdict"] == "rank_holds_collective" and named["frame"] and d["waiting_ranks"] == [0, 1, 3]
+        for lang in ("en", "zh"):  # and the phone message says so, in both languages
+            texts = texts_for(watch.notes.of("train.hang:")[-1].finding, tr(lang))
+            assert not texts.fallback and f"PID {job.pids[2]}" in texts.why and str(slowfs.mountpoint) in texts.why
         slowfs.unblock("read")
         wait_until(lambda: job.steps() > last, 60, what="training to resume")
         watch.cycle()

@@ -43,6 +43,11 @@ COLLECTIVE_NAMES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "
 COMM_NAMES = ("wait", "_wait", "synchronize", "reduce", "gather", "scatter", "send", "recv", "isend", "irecv")
 COMM_FILES = ("torch/distributed/", "c10d", "gloo", "nccl", "deepspeed/comm/", "horovod/")
 DATALOADER_FILES = ("torch/utils/data/",)
+# DDP and FSDP reduce gradients from hooks the autograd engine runs in C++: a rank waiting in that
+# reduction shows, to py-spy without --native, only as backward's own frame, still across both dumps.
+BACKWARD_NAMES = ("_engine_run_backward", "run_backward")
+BACKWARD_FILES = ("torch/autograd/",)
+BACKWARD_COLLECTIVE = "all_reduce (gradients, in backward)"
 
 
 class Frame(NamedTuple):
@@ -94,7 +99,9 @@ def collective_of(stack: Stack) -> str:
     if named:
         return named[0]
     comm = [f.base for f in stack if _in(f, COMM_FILES) and (f.base in COMM_NAMES or "ProcessGroup" in f.name)]
-    return comm[0] if comm else ""
+    if comm:
+        return comm[0]
+    return BACKWARD_COLLECTIVE if any(f.base in BACKWARD_NAMES and _in(f, BACKWARD_FILES) for f in stack) else ""
 
 
 def dataloader_frame(stack: Stack) -> str:
