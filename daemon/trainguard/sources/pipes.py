@@ -16,24 +16,13 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from trainguard.sources.procs import read_small
+
 MAX_FDS = 256  # file descriptors looked at per process
 MAX_SCAN = 4096  # processes looked at when the reader is not near the writer
 MAX_PIPES = 256  # pipes remembered
 RETRY = 600.0  # seconds before a pipe without a reader found is looked for again
 _PIPE = re.compile(r"pipe:\[(\d+)\]")
-
-
-def read_text(path: str, limit: int = 4096) -> str | None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        return os.read(fd, limit).decode("utf-8", "replace")
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def parse_pos(fdinfo: str) -> int | None:
@@ -83,7 +72,7 @@ def read_writes(proc_root: str, pid: int) -> Writes:
             continue
         if not target.startswith("/") or target.startswith("/dev/"):
             continue
-        info = read_text(f"{base}/fdinfo/{name}") or ""
+        info = read_small(f"{base}/fdinfo/{name}") or ""
         flags = _flags(info)
         if flags is None or flags & (os.O_WRONLY | os.O_RDWR) == 0:
             continue
@@ -96,7 +85,7 @@ def read_writes(proc_root: str, pid: int) -> Writes:
 
 def _start(proc_root: str, pid: int) -> tuple[int, int] | None:
     """(ppid, start time in ticks) from /proc/PID/stat."""
-    text = read_text(f"{proc_root}/{pid}/stat") or ""
+    text = read_small(f"{proc_root}/{pid}/stat") or ""
     tail = text[text.rfind(")") + 1:].split()
     return (int(tail[1]), int(tail[19])) if len(tail) > 19 and tail[1].isdigit() and tail[19].isdigit() else None
 
@@ -174,7 +163,7 @@ class PipeReaders:
         yield from (p for p in pids[:MAX_SCAN] if p not in near)
 
     def _children(self, pid: int) -> Sequence[int]:
-        text = read_text(f"{self.proc_root}/{pid}/task/{pid}/children", 65536) or ""
+        text = read_small(f"{self.proc_root}/{pid}/task/{pid}/children", 65536) or ""
         return [int(c) for c in text.split() if c.isdigit()]
 
     def _reads(self, pid: int, target: str) -> bool:
@@ -186,7 +175,7 @@ class PipeReaders:
                     continue
             except OSError:
                 continue
-            flags = _flags(read_text(f"{base}/fdinfo/{name}") or "")
+            flags = _flags(read_small(f"{base}/fdinfo/{name}") or "")
             if flags is not None and flags & (os.O_WRONLY | os.O_RDWR) == 0:
                 return True
         return False

@@ -111,14 +111,14 @@ def _read(path: str) -> str | None:
         return None
 
 
-def _read_small(path: str) -> str | None:
-    """A one-line /proc file in one read (stat: a few hundred bytes), without a buffered file object."""
+def read_small(path: str, limit: int = 4096) -> str | None:
+    """A small /proc file in one read (stat: a few hundred bytes), without a buffered file object."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
         return None
     try:
-        return os.read(fd, 4096).decode("utf-8", "replace")
+        return os.read(fd, limit).decode("utf-8", "replace")
     except OSError:
         return None
     finally:
@@ -362,7 +362,7 @@ class PidResolver:
         return result
 
     def _local(self, host_pid: int) -> PidResolution:
-        stat = _read_small(f"{self.proc_root}/{host_pid}/stat")
+        stat = read_small(f"{self.proc_root}/{host_pid}/stat")
         close = stat.rfind(")") if stat is not None else -1
         tail = stat[close + 2:].split(" ", 20) if close >= 0 else []
         if len(tail) < 20:

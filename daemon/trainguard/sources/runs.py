@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 from trainguard.records import GpuSample, RankSample, RunEnd, RunSample
 from trainguard.sources.owner import read_environ, read_owner
-from trainguard.sources.pipes import PipeReaders, Writes, read_text, read_writes
-from trainguard.sources.procs import is_blocked, read_cmdline
+from trainguard.sources.pipes import PipeReaders, Writes, read_writes
+from trainguard.sources.procs import is_blocked, read_cmdline, read_io, read_small
 from trainguard.sources.run_end import END_HOLD, ending
 
 MAX_RANKS = 64
@@ -70,14 +70,6 @@ def launcher_kind(cmdline: Sequence[str]) -> str | None:
     if rest[:1] == ["-m"]:
         return LAUNCHERS.get(rest[1]) if len(rest) > 1 else None
     return LAUNCHERS.get(os.path.basename(rest[0])) if rest else None
-
-
-def parse_write_bytes(io_text: str) -> int:
-    for line in io_text.splitlines():
-        if line.startswith("write_bytes:"):
-            value = line.split(":", 1)[1].strip()
-            return int(value) if value.isdigit() else 0
-    return 0
 
 
 
@@ -168,8 +160,8 @@ class RunSampler:
         grew = [ts for path, ts in logs.items() if path in recent or any(_under(path, d) for d in cwds)]
         ranks = []
         for i, (rank, pid, stat, w) in enumerate(found):
-            io = read_text(f"{self.proc_root}/{pid}/io")
-            mark = w.total + (parse_write_bytes(io) if io else 0) + beats.get(pid, 0)
+            io = read_io(self.proc_root, pid)
+            mark = w.total + (io.write_bytes if io else 0) + beats.get(pid, 0)
             if i == 0:
                 mark += shared.total
             blocked, main = self._blocked(pid, stat.state)
@@ -205,7 +197,7 @@ class RunSampler:
 
     def _stat(self, pid: int, cache: dict[int, Stat]) -> Stat | None:
         if pid not in cache:
-            text = read_text(f"{self.proc_root}/{pid}/stat")
+            text = read_small(f"{self.proc_root}/{pid}/stat")
             stat = parse_stat(text) if text else None
             if stat is None:
                 return None
@@ -226,7 +218,7 @@ class RunSampler:
         return None
 
     def _children(self, pid: int) -> list[int]:
-        text = read_text(f"{self.proc_root}/{pid}/task/{pid}/children", 65536) or ""
+        text = read_small(f"{self.proc_root}/{pid}/task/{pid}/children", 65536) or ""
         return [int(c) for c in text.split() if c.isdigit()][:MAX_RANKS]
 
     def _blocked(self, pid: int, state: str) -> tuple[int, bool]:
@@ -238,11 +230,11 @@ class RunSampler:
             return (1, True) if state == "D" else (0, False)
         blocked, main = 0, False
         for tid in tids:
-            text = read_text(f"{self.proc_root}/{pid}/task/{tid}/stat")
+            text = read_small(f"{self.proc_root}/{pid}/task/{tid}/stat")
             stat = parse_stat(text) if text else None
             if stat is None or stat.state not in ("D", "S"):
                 continue
-            wchan = "" if stat.state == "D" else (read_text(f"{self.proc_root}/{pid}/task/{tid}/wchan") or "").strip()
+            wchan = "" if stat.state == "D" else (read_small(f"{self.proc_root}/{pid}/task/{tid}/wchan") or "").strip()
             if is_blocked(stat.state, wchan):
                 blocked += 1
                 main |= tid == pid
