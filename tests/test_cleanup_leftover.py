@@ -62,7 +62,9 @@ def test_a_checkpoint_left_aside_is_put_back_or_finished(tmp_path, dry):
     if dry:
         assert sorted(os.listdir(run))[:3] == [f"{PREFIX}1f.0.step_3.pt", f"{PREFIX}1f.1.last.pt", f"{PREFIX}1f.2"]
         return
-    # kept: the newest two by step (step_3 put back, step_2) and the newest by time (last.pt)
+    # kept: step_3, put back in this run and so not judged in it (with grace 0s too: whether its ctime
+    # reads before or after the run's start must not decide), and the newest two of the rest by time
+    # (last.pt, step_2): the put-back file does not count among the kept.
     assert sorted(os.listdir(run)) == ["last.pt", "step_2.pt", "step_3.pt"], report
     assert (run / "step_3.pt").stat().st_mtime == OLD + 3
 

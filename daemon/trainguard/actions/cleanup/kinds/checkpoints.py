@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import stat as stat_mod
 
@@ -67,7 +68,8 @@ def _scan(ctx: Ctx, root: Root):
                              on_problem=problem, hook=ctx.tools.hook):
         if (entry.st.st_dev, entry.st.st_ino) in returned:
             continue  # put back below: the listing may show it again under its name
-        if entry.name.startswith(PREFIX) and not entry.post:
+        put_back = entry.name.startswith(PREFIX) and not entry.post
+        if put_back:
             entry = _put_back(ctx, root, entry)
             if not isinstance(entry, walker.Entry):
                 if entry is not None:
@@ -76,13 +78,16 @@ def _scan(ctx: Ctx, root: Root):
             returned.add((entry.st.st_dev, entry.st.st_ino))
         if excluded(entry.name, entry.path):
             continue
+        item = None
         if entry.is_dir:
             if units(entry.name, entry.path):
                 item = _unit_item(ctx, root, entry)
-                if item is not None:
-                    yield item
         elif stat_mod.S_ISREG(entry.st.st_mode) and wanted(entry.name, entry.path):
-            yield _file_item(ctx, entry)
+            item = _file_item(ctx, entry)
+        if item is not None:
+            # Just put back (renamed into place now): judged as a save in progress, never deleted in the
+            # run that restored it, nor counted among the kept, whatever the grace.
+            yield dataclasses.replace(item, busy=True) if put_back else item
 
 
 def _put_back(ctx: Ctx, root: Root, entry: walker.Entry) -> walker.Entry | sel.Candidate | None:
