@@ -206,6 +206,34 @@ def test_a_full_share_is_the_reason_and_leaves_no_temporary_file(tmp_path, tmpfs
     assert not [p for p in tmpfs_mount.rglob("*") if "trainguard-tmp" in p.name]
 
 
+def test_a_copier_that_closes_its_output_and_stays_does_not_hold_the_round(tmp_path, monkeypatch):
+    """A copier whose last thread sits in the share after its output closed (its report is over, the process
+    is not) would keep the mirror thread waiting on it for as long as the share hangs: the round ends within
+    EXIT_WAIT, the copier is killed, and the round names it."""
+    from trainguard.actions.mirror import runner as runner_mod
+
+    monkeypatch.setattr(runner_mod, "EXIT_WAIT", 0.5)
+    src = tmp_path / "src"
+    write(src / "a.log", b"x\n")
+    runner = runner_for(tmp_path, src, tmp_path / "dest")
+    stays = "import os, time; os.close(1); os.close(2); time.sleep(60)"
+    spawned = []
+
+    def spawn():
+        proc = subprocess.Popen([sys.executable, "-c", stays], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True)
+        spawned.append(proc)
+        return proc
+
+    monkeypatch.setattr(runner, "_spawn", spawn)
+    started = time.monotonic()
+    state = runner.run()
+    assert time.monotonic() - started < 10
+    [proc] = spawned
+    assert proc.poll() == -signal.SIGKILL
+    assert f"copier (pid {proc.pid}) closed its output and did not exit" in state.reason
+
+
 def test_lag_warning_names_the_mirror_and_the_reason(tmp_path):
     cfg = mirror_cfg("/local/runs", "/share/runs", lag_warning="15m")
     now = 1_700_000_000.0

@@ -34,6 +34,7 @@ from trainguard.units import format_duration
 COPIER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "copier.py")
 FLUSH_EVERY = 1.0  # seconds between writes of the copier's reports to the state db
 KILL_WAIT = 1.0  # seconds a killed copier gets to exit before it is kept as stuck
+EXIT_WAIT = 10.0  # seconds a copier that closed its output gets to exit before it is killed
 
 # errno -> (reason kind, words); anything else is an "error" named by its strerror.
 REASONS = {
@@ -214,7 +215,11 @@ class MirrorRunner:
             proc.stdout.close()
             proc.stderr.close()
         if proc.poll() is None and self.stuck is not proc:
-            proc.wait()
+            try:
+                proc.wait(EXIT_WAIT)
+            except subprocess.TimeoutExpired:  # its output closed, it stays: a thread sits in the share
+                rnd.problem("unresponsive", f"the copier (pid {proc.pid}) closed its output and did not exit")
+                self._kill(proc, rnd)
         return buffers[err_fd].decode(errors="replace")
 
     @staticmethod
