@@ -28,6 +28,9 @@ NOISE_RATE = 1e-6  # fraction of the filesystem per second below which a rate is
 Points = Sequence[tuple[float, float]]
 
 
+STANDS_FOR = 300.0  # seconds of samples a history point stands for at most (a rollup's)
+
+
 def theil_sen(points: Points, min_gap: float = 0.0) -> float | None:
     """The median of the slopes between pairs of points at least `min_gap` apart in time (and apart at
     all); None without such a pair. The one robust slope of the forecast: of the window, of the lows of
@@ -125,15 +128,23 @@ def _consistent(points: Points, size: float, min_span: float) -> tuple[float, fl
 
 def least_squares(points: Points) -> tuple[float, float] | None:
     """(bytes/s of consumption, free bytes at the newest point) by the plain least-squares line through the
-    points, as they are (predict_linear's method: the line's value at the newest time, not the sample's);
-    None without two distinct times."""
+    samples (predict_linear's method: the line's value at the newest time, not the sample's); None without
+    two distinct times. History keeps older samples as bucket means: each point weighs the time it stands
+    for (half the way to each neighbour, at most STANDS_FOR: across a restart's gap nothing was sampled), so
+    the line is that through the samples themselves, not one tilted toward the fine recent ones."""
     n = len(points)
     if n < 2:
         return None
-    mt = statistics.fmean(t for t, _ in points)
-    mv = statistics.fmean(v for _, v in points)
-    var = sum((t - mt) ** 2 for t, _ in points)
+    ts = [t for t, _ in points]
+    gaps = [min(b - a, STANDS_FOR) for a, b in zip(ts, ts[1:])]
+    weights = [(left + right) / 2 for left, right in zip([gaps[0], *gaps], [*gaps, gaps[-1]])]
+    total = sum(weights)
+    if total <= 0:
+        return None
+    mt = sum(w * t for w, t in zip(weights, ts)) / total
+    mv = sum(w * v for w, (_, v) in zip(weights, points)) / total
+    var = sum(w * (t - mt) ** 2 for w, t in zip(weights, ts))
     if var <= 0:
         return None
-    slope = sum((t - mt) * (v - mv) for t, v in points) / var
-    return -slope, mv + slope * (points[-1][0] - mt)
+    slope = sum(w * (t - mt) * (v - mv) for w, (t, v) in zip(weights, points)) / var
+    return -slope, mv + slope * (ts[-1] - mt)

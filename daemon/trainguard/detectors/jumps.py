@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from trainguard.detectors.fit import CONSISTENT, Points, consumption
 from trainguard.detectors.steps import DROP_FRACTION
 
+TRAILING = 0.1  # a jump ends at its last step of more than this share of its largest: the rest is noise
+
 
 @dataclass(frozen=True, slots=True)
 class Drop:
@@ -34,13 +36,18 @@ def jumps(points: Points, size: float, rising: bool) -> list[Drop]:
     i = 1
     while i < len(points):
         if sign * (points[i][1] - points[i - 1][1]) > 0:
-            j = i
-            while j + 1 < len(points) and sign * (points[j + 1][1] - points[j][1]) > 0:
-                j += 1
+            end = i
+            while end + 1 < len(points) and sign * (points[end + 1][1] - points[end][1]) > 0:
+                end += 1
+            # The jump ends where it reached its height: rises of noise after it, which a run may go on
+            # through on a flat stretch, would put its end, and the level it is judged by, minutes late
+            # (into the next checkpoint write of a fast writer).
+            j = _reached(points, i, end, sign)
             moved = sign * (points[j][1] - points[i - 1][1])
             # A level that stays where the run took it (the median of three to five samples after it, of
-            # up to five before), not a run of noise or outliers that the next samples take back.
-            before = statistics.median(v for _, v in points[max(i - 5, 0):i])
+            # up to three before: a fast writer's earlier level is no part of it), not a run of noise or
+            # outliers that the next samples take back.
+            before = statistics.median(v for _, v in points[max(i - 3, 0):i])
             after = [v for _, v in points[j:j + 5]]
             if moved >= limit and len(after) >= 3 and sign * (statistics.median(after) - before) >= moved / 2:
                 # What it freed (a write: minus what it wrote) is what the run moved plus what the writer
@@ -49,10 +56,18 @@ def jumps(points: Points, size: float, rising: bool) -> list[Drop]:
                 took = points[j][0] - points[i - 1][0]
                 pace = _pace(points[max(i - 5, 0):i], points[j:j + 5])
                 found.append(Drop(points[j][0], j, points[j][1] - points[i - 1][1] + pace * took, i - 1))
-            i = j + 1
+            i = end + 1
         else:
             i += 1
     return found
+
+
+def _reached(points: Points, start: int, end: int, sign: float) -> int:
+    """The last point of a run (`start` .. `end`) that moved by more than TRAILING of the run's largest step."""
+    largest = max(sign * (points[k][1] - points[k - 1][1]) for k in range(start, end + 1))
+    while end > start and sign * (points[end][1] - points[end - 1][1]) < TRAILING * largest:
+        end -= 1
+    return end
 
 
 def _pace(*parts: Points) -> float:
