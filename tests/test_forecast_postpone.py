@@ -6,8 +6,11 @@ The reference is the plain least-squares line through the samples (predict_linea
 
 from __future__ import annotations
 
+import dataclasses
+
 from trainguard.config import Forecast
 from trainguard.detectors.forecast import fill_trend, follow_trend, level
+from trainguard.detectors.postpone import may_postpone
 from trainguard.detectors.sawtooth import Cycle
 from trainguard.store.history import History
 
@@ -91,3 +94,20 @@ def test_warm_up_does_not_hold_a_fill_that_the_plain_fit_proves():
             plain_first = t
     assert plain_first is not None
     assert first is not None and first <= plain_first + 60.0, (first, plain_first)
+
+
+# ---- lows that seem to decline while the cleanups keep up ------------------------------------------------
+
+def test_lows_that_seem_to_decline_while_what_is_freed_keeps_up_still_postpone():
+    # A GC every 15 min freeing 9 GB on average (between 6 and 12) of the 8.4 GB written, on a 50 GB disk: its
+    # lows, read off noisy samples, go 8 -> 4 GB across 16 cycles, a decline past their spread by chance. Run
+    # forward at it the disk would fill in 4 h; what the cleanups free says they keep up.
+    gross, every = 8.4 * GB / (0.25 * H), 0.25 * H
+    lows = (8, 6, 8, 9, 8, 6, 9, 8, 7, 6, 4, 4, 3, 5, 5, 4)
+    freed = (8, 8, 8, 6, 10, 11, 7, 11, 7, 8, 12, 11, 12, 12, 9, 9)
+    cycles = tuple(Cycle(k * every, low * GB, f * GB) for k, (low, f) in enumerate(zip(lows, freed)))
+    assert sum(freed) / len(freed) * GB >= gross * every  # they keep up
+    assert may_postpone(cycles, gross, 50 * GB, 0.0, 0.02 * GB, 4 * GB, 0.1 * every)
+    # The same lows where each cleanup frees a steady 7.6 GB of the 8.4 GB written: a measured loss.
+    lossy = tuple(dataclasses.replace(c, freed=7.6 * GB) for c in cycles)
+    assert not may_postpone(lossy, gross, 50 * GB, 0.0, 0.02 * GB, 4 * GB, 0.1 * every)

@@ -30,6 +30,7 @@ NOISE_WIDTHS = 6.0  # a cleanup frees more than this many widths of the sample-t
 HOLDS = MEMORY  # a rhythm run forward at the decline of its lows keeps the disk from filling this long
 SMALL = 0.25  # deletions that gave back less than this share of what was written hold no fill
 CHURN_SLACK = 2.0  # a churn's next cleanup comes within this many of the periods its last one implies
+ERRORS = 2.0  # standard errors of the mean freed a shortfall must exceed to be measured
 MAX_ERROR = 0.1  # relative ETA error beyond which an alert counts on no earlier ETA (forecast.level)
 
 
@@ -44,13 +45,15 @@ def may_postpone(cycles: Sequence[Cycle], gross: float, size: float, largest_wri
       their scatter (their own around their line, and at least that allowance): no loss per period;
     - run forward from `latest` free bytes (the next cleanup `next_in` seconds away, then one a period) at
       the decline its lows show where it exceeds their scatter once (the rule above asks twice before it
-      counts as a loss), the disk holds for HOLDS at least: lows 800, 510, 220 GB of a daily cleanup that
-      frees 1 TB are a disk full before the next one."""
+      counts as a loss) and the cleanups free less than is written, by more than ERRORS standard errors
+      of their mean (no faster than that shortfall), the disk holds for HOLDS at least: lows 800, 510,
+      220 GB of a daily cleanup that frees 1 TB are a disk full before the next one."""
     if len(cycles) < 2 or gross <= 0 or min(c.freed for c in cycles) < NOISE_WIDTHS * noise:
         return False
     share = allowance(cycles, size, largest_write)
     every = (cycles[-1].ts - cycles[0].ts) / (len(cycles) - 1)
-    if gross * every - statistics.fmean(c.freed for c in cycles) > share:
+    shortfall = gross * every - statistics.fmean(c.freed for c in cycles)  # what a period leaves behind
+    if shortfall > share:
         return False
     loss = 0.0
     if len(cycles) == 2:
@@ -59,8 +62,12 @@ def may_postpone(cycles: Sequence[Cycle], gross: float, size: float, largest_wri
         slope, spread = drift(cycles)
         scatter = lows_scatter(cycles, spread, size, largest_write)
         held = loss_per_period(cycles, every, slope, scatter) == 0
-        if -slope * (cycles[-1].ts - cycles[0].ts) > scatter:  # a decline beyond one scatter is measured
-            loss = -slope * every
+        freed_error = statistics.stdev(c.freed for c in cycles) / len(cycles) ** 0.5
+        if -slope * (cycles[-1].ts - cycles[0].ts) > scatter and shortfall > ERRORS * freed_error:
+            # A decline beyond one scatter is measured where the cleanups also free less than is written,
+            # beyond what their mean is known to: lows read off noisy samples can seem to go down while
+            # what is freed keeps up.
+            loss = min(-slope, shortfall / every) * every
     forward = run_forward(latest, gross, loss, next_in, every)
     return held and (forward is None or forward >= HOLDS)
 
