@@ -59,3 +59,21 @@ def test_a_decline_not_yet_learned_does_not_bring_the_warning_forward():
     trend = Trend(slope=GROSS, span=6 * H, points=2000, eta=21 * H, evidence=6 * H, eta_error=0.5,
                   eta_early=3.6 * H)
     assert forecast.level(trend, cfg) is None
+
+
+def test_a_cleanup_whose_first_samples_are_in_is_not_missed():
+    # Hourly cleanups from 20 GB back to 60 GB free on a 1 TB disk; the one due at 5 h comes at 5.35 h, when
+    # the disk is below its lows and past its time. Its first two rising samples are not counted yet (they
+    # may be an outlier), but neither may they leave the rhythm called stopped: a critical "full in 9
+    # minutes" at the very moment the cleanup comes.
+    gross, now = 40 * GB / H, 5.35 * H
+
+    def avail(t: float) -> float:
+        return 60 * GB - gross * (t - min(int(t / H), 4) * H)
+
+    pts = [(t, avail(t)) for t in range(0, int(now) + 1, 10)]
+    missed = forecast.fill_trend(pts, SIZE, now, 6 * H, 1800)
+    assert missed.cleanup_missed and missed.eta < 0.2 * H
+    coming = pts + [(now + 10, avail(now) + 20 * GB), (now + 20, avail(now) + 40 * GB)]
+    trend = forecast.fill_trend(coming, SIZE, now + 20, 6 * H, 1800)
+    assert not trend.cleanup_missed and trend.eta is None

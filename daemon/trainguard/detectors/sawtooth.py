@@ -138,8 +138,11 @@ def run_forward(avail: float, gross: float, loss: float, first_in: float, period
 
 
 def next_low(cycles: Sequence[Cycle], latest: float, gross: float, size: float, largest_write: float,
-             now: float) -> NextLow:
-    """The forecast of a saw-tooth with at least two cycles, filling at `gross` bytes/s between them."""
+             now: float, arriving: float = 0.0) -> NextLow:
+    """The forecast of a saw-tooth with at least two cycles, filling at `gross` bytes/s between them.
+    `arriving`: bytes the newest samples rise by that are not counted yet (fewer than three samples on);
+    half what a cleanup frees or more may be the cleanup coming, which is not missed while it may be (less
+    is an outlier's size)."""
     every = statistics.median(b.ts - a.ts for a, b in zip(cycles, cycles[1:]))
     frees = statistics.median(c.freed for c in cycles)
     slope, spread = drift(cycles)
@@ -156,7 +159,8 @@ def next_low(cycles: Sequence[Cycle], latest: float, gross: float, size: float, 
     floor = lowest - margin
     below = latest < floor
     longest = max(b.ts - a.ts for a, b in zip(cycles, cycles[1:]))
-    if below and (now >= missed_after(cycles) or now + eta_without < last + longest):
+    coming = arriving >= 0.5 * frees
+    if below and not coming and (now >= missed_after(cycles) or now + eta_without < last + longest):
         # Neither its level nor its time brought the cleanup (or the disk is full before even its
         # latest time): it may have stopped, so count on none.
         return NextLow(eta_without, next_in, eta_without, every, frees, lowest, stopped=True)

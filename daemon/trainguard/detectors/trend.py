@@ -75,10 +75,10 @@ class Trend:
 
 
 def _cleanup_regime(pts: Points, cycles: Sequence[sawtooth.Cycle], gross: float, evidence: float, size: float,
-                    largest_write: float, now: float) -> Trend:
+                    largest_write: float, now: float, arriving: float) -> Trend:
     # Checkpoint writes decide how far past its mark a GC triggers: lows anywhere within one checkpoint
     # below the mark are neither a decline nor a missed cleanup.
-    nxt = sawtooth.next_low(cycles, pts[-1][1], gross, size, largest_write, now)
+    nxt = sawtooth.next_low(cycles, pts[-1][1], gross, size, largest_write, now, arriving)
     return Trend(slope=gross, span=pts[-1][0] - pts[0][0], points=len(pts), eta=nxt.eta,
                  cleanup_every=nxt.every, cleanup_frees=nxt.frees,
                  cleanup_low=nxt.low if nxt.eta is None else None, evidence=evidence, cycles=tuple(cycles),
@@ -129,7 +129,10 @@ def fill_trend(avail: Points, size: float, now: float, window: float, min_span: 
                known: Sequence[sawtooth.Cycle] = ()) -> Trend | None:
     """Trend of available bytes over the window; None until min_span of data exists. `known`: the
     cleanup cycles learned by earlier fits (Trend.cycles), for saw-tooths slower than the window shows."""
-    pts = whole = settled(despiked([p for p in avail if now - window <= p[0] <= now]), size)
+    seen_pts = despiked([p for p in avail if now - window <= p[0] <= now])
+    pts = whole = settled(seen_pts, size)
+    # A rise at the newest samples not counted yet (bytes): a cleanup coming, or an outlier.
+    arriving = max((v for _, v in seen_pts[len(whole):]), default=0.0) - whole[-1][1] if whole else 0.0
     if len(pts) < MIN_POINTS or pts[-1][0] - pts[0][0] < min_span:
         return None
     drops = seen = jumps(pts, size, rising=True)
@@ -155,7 +158,7 @@ def fill_trend(avail: Points, size: float, now: float, window: float, min_span: 
     seen_since = _seen_since(pts)
     if seen_since is not None:
         evidence = max(min(evidence, pts[-1][0] - seen_since), 1.0)  # (0 would read as "all of the span")
-    trend, proven = _forecast(pts, whole, bool(drops), cycles, rate, evidence, size, now)
+    trend, proven = _forecast(pts, whole, bool(drops), cycles, rate, evidence, size, now, arriving)
     if trend.bounded and known:
         # Cycles learned before the window, in a rhythm not known to keep up, may not delay the alert past
         # what the window alone says either (a fit with nothing learned: its own cycles, or the plain line).
@@ -175,7 +178,7 @@ def fill_trend(avail: Points, size: float, now: float, window: float, min_span: 
 
 
 def _forecast(pts: Points, whole: Points, dropped: bool, cycles: tuple, rate: float, evidence: float, size: float,
-              now: float) -> tuple[Trend, bool]:
+              now: float, arriving: float) -> tuple[Trend, bool]:
     """(the trend at `rate`, whether it counts on a rhythm that keeps up: postpone.may_postpone)."""
     span = pts[-1][0] - pts[0][0]
     if len(cycles) < 2 or rate <= 0:
@@ -187,7 +190,7 @@ def _forecast(pts: Points, whole: Points, dropped: bool, cycles: tuple, rate: fl
         return Trend(slope=rate, span=span, points=len(pts), eta=None if rate <= 0 else pts[-1][1] / rate,
                      evidence=evidence, cycles=cycles), False
     largest_write = max((s.nbytes for s in steps(pts, size)[0]), default=0.0)
-    rhythm = _cleanup_regime(pts, cycles, rate, evidence, size, largest_write, now)
+    rhythm = _cleanup_regime(pts, cycles, rate, evidence, size, largest_write, now, arriving)
     if may_postpone(cycles, rate, size, largest_write, noise(whole), pts[-1][1], rhythm.next_cleanup_in):
         return rhythm, True
     return no_later(rhythm, _plain(whole, cycles)), False
