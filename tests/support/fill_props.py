@@ -226,7 +226,10 @@ def _gc(p: dict) -> Disk:
             return written - max((used - target) * size, 0.0)
         return written
 
-    start = size * (1 - high + depth * p["start"])
+    # The GC ran before the daemon started: on a timer, the disk is where its steady cycle puts it `first`
+    # of a period before the next cleanup, so the first one the daemon sees frees what a period writes (a
+    # first tooth shallower than the rest would be a churn no forecaster could know from it).
+    start = size * (1 - high + depth * (p["first"] if p["timer"] else p["start"]))
     return Disk(size, _run(int(p["hours"] * H / STEP), start, per_step), gross=rate * 1.2)
 
 
