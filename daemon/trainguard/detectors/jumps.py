@@ -42,7 +42,7 @@ def jumps(points: Points, size: float, rising: bool) -> list[Drop]:
             # The jump ends where it reached its height: rises of noise after it, which a run may go on
             # through on a flat stretch, would put its end, and the level it is judged by, minutes late
             # (into the next checkpoint write of a fast writer).
-            j = _reached(points, i, end, sign)
+            j = _jump_end(points, i, end, sign)
             moved = sign * (points[j][1] - points[i - 1][1])
             # A level that stays where the run took it (the median of three to five samples after it, of
             # up to three before: a fast writer's earlier level is no part of it), not a run of noise or
@@ -62,7 +62,7 @@ def jumps(points: Points, size: float, rising: bool) -> list[Drop]:
     return found
 
 
-def _reached(points: Points, start: int, end: int, sign: float) -> int:
+def _jump_end(points: Points, start: int, end: int, sign: float) -> int:
     """The last point of a run (`start` .. `end`) that moved by more than TRAILING of the run's largest step."""
     largest = max(sign * (points[k][1] - points[k - 1][1]) for k in range(start, end + 1))
     while end > start and sign * (points[end][1] - points[end - 1][1]) < TRAILING * largest:
