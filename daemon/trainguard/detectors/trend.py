@@ -37,6 +37,7 @@ from trainguard.detectors.fit import (
     noise,
     regime,
 )
+from trainguard.detectors.growth import grown_eta
 from trainguard.detectors.jumps import burst, jumps, low_before, settled, without_drops
 from trainguard.detectors.postpone import (
     bounded_by_line,
@@ -187,8 +188,10 @@ def _forecast(pts: Points, whole: Points, dropped: bool, cycles: tuple, rate: fl
         if stepped is not None:
             return Trend(slope=rate, span=span, points=len(pts), eta=stepped.eta, evidence=evidence,
                          cycles=cycles, eta_error=stepped.error, eta_early=stepped.early), False
-        return Trend(slope=rate, span=span, points=len(pts), eta=None if rate <= 0 else pts[-1][1] / rate,
-                     evidence=evidence, cycles=cycles), False
+        eta = None if rate <= 0 else pts[-1][1] / rate
+        grown = grown_eta(pts, pts[-1][1]) if eta is not None and not dropped else None
+        return Trend(slope=rate, span=span, points=len(pts), eta=eta, evidence=evidence, cycles=cycles,
+                     eta_early=None if grown is None else min(grown, eta)), False
     largest_write = max((s.nbytes for s in steps(pts, size)[0]), default=0.0)
     rhythm = _cleanup_regime(pts, cycles, rate, evidence, size, largest_write, now, arriving)
     if may_postpone(cycles, rate, size, largest_write, noise(whole), pts[-1][1], rhythm.next_cleanup_in):
