@@ -49,6 +49,7 @@ class FdWatch(threading.Thread):
         self.baseline = self.sockets()  # fd -> what it is, before the attack
         self.most = 0  # sockets open at once that were not open before the attack
         self.most_other = 0  # other descriptors at once beyond the baseline (cleanup's walk, /proc reads)
+        self.at_most_other: list[str] = []
         self.at_most: list[str] = []  # what was open at the busiest moment, for the message
         self.first_seen: dict[str, float] = {}
         self.held: dict[str, float] = {}  # socket -> seconds it was open, for sockets opened while watched
@@ -72,8 +73,10 @@ class FdWatch(threading.Thread):
             open_now = {t for t in fds.values() if t.startswith("socket:")} - baseline
             if len(open_now) > self.most:
                 self.most, self.at_most = len(open_now), sorted(fds.values())
-            self.most_other = max(self.most_other, sum(not t.startswith("socket:") for t in fds.values())
-                                  - sum(not t.startswith("socket:") for t in self.baseline.values()))
+            other = sum(not t.startswith("socket:") for t in fds.values()) \
+                - sum(not t.startswith("socket:") for t in self.baseline.values())
+            if other > self.most_other:
+                self.most_other, self.at_most_other = other, sorted(set(fds.values()) - set(self.baseline.values()))
             for sock in open_now:
                 if sock not in self.first_seen:
                     self.first_seen[sock] = now
@@ -165,9 +168,10 @@ def test_an_attack_on_the_metrics_port_leaves_scrapes_cycles_and_cleanup_alone(t
     assert float(longest_cycle["value"][1]) < 0.5
     assert "Too many open files" not in log and "cycle failed" not in log and "Traceback" not in log, log[-3000:]
     # The bound is the server's: Prometheus' connection (replaced or not) and the attackers' together hold at
-    # most max_connections sockets. The rest of the daemon opens a few files at a time, whatever the flood.
+    # most max_connections sockets. The rest of the daemon (cleanup's walk, the cycle's /proc and state reads)
+    # opens files as it goes, whatever the flood; a descriptor kept per connection would be thousands here.
     assert watch.most <= MAX_CONNECTIONS, f"{watch.most} new sockets open at once: {watch.at_most}"
-    assert watch.most_other <= 16, f"{watch.most_other} descriptors besides sockets beyond the baseline"
+    assert watch.most_other <= 64, f"{watch.most_other} other descriptors beyond the baseline: {watch.at_most_other}"
     longest = max(watch.held, key=watch.held.get, default=None)
     assert longest is None or watch.held[longest] < HEAD_DEADLINE + 1.0, \
         f"a connection was held {watch.held[longest]:.1f}s: {watch.what[longest]}"
