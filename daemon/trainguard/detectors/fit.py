@@ -69,17 +69,30 @@ def regime(points: Points, size: float, min_span: float) -> tuple[float, float] 
     """(rate, evidence): the consumption rate of the newest consistent part of the points, and its span.
 
     While the older half of the span disagrees with the newer half (rates more than 2x apart, beyond
-    noise), the older half is another regime: a download that started, or one that stopped."""
-    fitted = _consistent(points, size, min_span)
+    noise and, on a staircase, beyond one write), the older half is another regime: a download that
+    started, or one that stopped."""
+    found = steps(points, size, least=0.0)[0]
+    fitted = _consistent(points, size, min_span, found)
     if fitted is None:
         return None
     rate, span = fitted
+    end = points[-1][0]
+    if len(found) >= 3:
+        # A staircase is as flat between its writes as after its last: it stopped only when the quiet
+        # since its last write outlasts twice its longest interval (a write too small to tell from the
+        # noise makes one interval of two).
+        quiet = end - found[-1].end
+        longest = max(b.start - a.start for a, b in itertools.pairwise(found))
+        if rate > 0 and quiet >= max(min_span, 2 * longest):
+            tail = [p for p in points if p[0] >= found[-1].end]
+            now_rate = consumption(tail)
+            if now_rate is not None and now_rate < CONSISTENT * rate:
+                return now_rate, quiet
+        return rate, span
     # A rate that stopped holding (a download that ended): its last min_span says so before the halves
     # do. Then the trend is that tail, whose evidence is short, unless the difference is within noise.
-    end = points[-1][0]
     tail = [p for p in points if p[0] >= end - min_span]
-    # Not on a staircase (three or more steps, of any size beyond noise): between its steps it is as flat.
-    if span > min_span and rate > 0 and len(steps(points, size, least=0.0)[0]) < 3:
+    if span > min_span and rate > 0:
         now_rate = consumption(tail)
         if now_rate is not None and now_rate < CONSISTENT * rate \
                 and (rate - now_rate) * min_span > 4 * _jitter(tail) + NOISE_RATE * size * min_span:
@@ -101,7 +114,7 @@ def _jitter(points: Points) -> float:
     return 1.4826 * statistics.median(abs(d - mid) for d in diffs)
 
 
-def _consistent(points: Points, size: float, min_span: float) -> tuple[float, float] | None:
+def _consistent(points: Points, size: float, min_span: float, found: Sequence) -> tuple[float, float] | None:
     end = points[-1][0]
     span = end - points[0][0]
     part = list(points)
@@ -121,9 +134,20 @@ def _consistent(points: Points, size: float, min_span: float) -> tuple[float, fl
         if older is None or newer is None:
             return rate, span
         hi, lo = max(older, newer), min(older, newer)
-        if hi <= noise or lo >= CONSISTENT * hi:
+        if hi <= noise or lo >= CONSISTENT * hi or _one_write_apart(found, end - span, half, hi, lo):
             return rate, span
         part, span, halved = [p for p in part if p[0] >= end - half], half, True
+
+
+def _one_write_apart(found: Sequence, start: float, half: float, hi: float, lo: float) -> bool:
+    """On a staircase (three or more writes since `start`) a half's rate counts whole writes, of sizes that
+    scatter: halves whose rates agree once its largest write moves from the faster to the slower are one
+    rhythm whose writes fell unevenly, not two regimes."""
+    sizes = [s.nbytes for s in found if s.start >= start]
+    if len(sizes) < 3:
+        return False
+    moved = max(sizes) / half
+    return lo + moved >= CONSISTENT * (hi - moved)
 
 
 def least_squares(points: Points) -> tuple[float, float] | None:
