@@ -7,6 +7,7 @@ import pytest
 from trainguard import config as configmod
 from trainguard.detectors import forecast, sawtooth
 from trainguard.detectors.trend import Trend
+from trainguard.records import Severity
 
 GB = 1e9
 H = 3600.0
@@ -57,8 +58,13 @@ def test_a_decline_not_yet_learned_does_not_bring_the_warning_forward():
     # error of 50 %, and lows "a few errors lower" would say anything.
     cfg = configmod.parse({}, "test").forecast
     trend = Trend(slope=GROSS, span=6 * H, points=2000, eta=21 * H, evidence=6 * H, eta_error=0.5,
-                  eta_early=3.6 * H)
+                  eta_early=3.6 * H, cleanup_every=2 * H, cleanup_frees=20 * GB)
     assert forecast.level(trend, cfg) is None
+    # A staircase's earliest ETA counts whatever its error: its error is of writes measured in the window,
+    # widened for how few they are, and a disk without cleanups fills.
+    stepped = Trend(slope=GROSS, span=6 * H, points=2000, eta=9 * H, evidence=6 * H, eta_error=0.5,
+                    eta_early=5 * H)
+    assert forecast.level(stepped, cfg) == (Severity.WARNING, cfg.warning)
 
 
 def test_a_cleanup_whose_first_samples_are_in_is_not_missed():

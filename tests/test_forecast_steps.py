@@ -7,6 +7,7 @@ import random
 import pytest
 from trainguard import config as configmod
 from trainguard.detectors import forecast
+from trainguard.detectors.fit import regime
 from trainguard.detectors.steps import steps
 from trainguard.detectors.trend import fill_trend
 
@@ -103,3 +104,78 @@ def test_a_rhythm_of_writes_just_under_the_deletion_mark_is_not_taken_for_a_rate
     for now in range(int(8 * every), int(pts[-1][0]), 60):
         trend = fill_trend([p for p in pts if p[0] <= now], SIZE, now, 6 * 3600.0, 1800.0)
         assert trend is not None and trend.slope == pytest.approx(nbytes / every, rel=0.3), now
+
+
+def scattered_until_full(seed: int, every: float, nbytes: float, free: float = 400 * GB,
+                         background: float = 0.0) -> tuple[list[tuple[float, float]], float]:
+    """10 s samples of checkpoints whose sizes and intervals scatter by +-50 % (saves at evaluations,
+    epochs of uneven length), each written over 60 s, until full; and when it is full."""
+    rng = random.Random(seed)
+    pts, t, left, start = [], 0.0, 0.0, every * rng.uniform(0.5, 1.5)
+    size = nbytes * rng.uniform(0.5, 1.5)
+    while free > 0:
+        pts.append((t, free))
+        if start <= t < start + 60:
+            free -= size / 6
+            left = start + 60
+        elif t >= left and left:
+            start, size, left = start + every * rng.uniform(0.5, 1.5), nbytes * rng.uniform(0.5, 1.5), 0.0
+        free -= background * 10
+        t += 10.0
+    return pts, t
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("every", [20 * 60.0, 75 * 60.0])
+def test_writes_scattered_by_half_their_size_and_period_are_warned_6_h_ahead(seed, every):
+    """Writes scattered by +-50 % in size and time: from 6 h before full the disk may be full an hour or
+    more either side of the mean's ETA. The warning comes 6 h ahead at least, held to the end, and no
+    later than the plain least-squares line through the window warns (predict_linear's rule)."""
+    cfg = configmod.parse({}, "test").forecast
+    pts, full = scattered_until_full(seed, every, nbytes=400 * GB * every / (20 * 3600.0))
+    first, plain_first = None, None
+    for now in range(int(full - 16 * 3600.0), int(full), 300):
+        seen = [p for p in pts if now - cfg.window <= p[0] <= now]
+        if forecast.level(fill_trend(seen, SIZE, now, cfg.window, cfg.min_span), cfg) is None:
+            first = None
+        elif first is None:
+            first = now
+        if not plain_warns(seen, cfg.warning):
+            plain_first = None
+        elif plain_first is None:
+            plain_first = now
+    assert first is not None and full - first >= cfg.warning, (full - first) / 3600 if first else None
+    assert plain_first is None or first <= plain_first
+
+
+def plain_warns(pts: list[tuple[float, float]], lead: float) -> bool:
+    """predict_linear(avail[window], lead) < 0: the least-squares line through the samples reaches zero
+    within `lead` of the newest one."""
+    n = len(pts)
+    mt, mv = sum(t for t, _ in pts) / n, sum(v for _, v in pts) / n
+    slope = sum((t - mt) * (v - mv) for t, v in pts) / sum((t - mt) ** 2 for t, _ in pts)
+    return slope < 0 and mv + slope * (pts[-1][0] + lead - mt) < 0
+
+
+def test_halves_of_a_staircase_a_write_apart_are_one_regime_and_a_stop_is_seen_after_its_longest_gap():
+    """Three large writes in the older half of the window and two small ones in the newer: their rates
+    are 2x apart, by the luck of where the writes fell, and the rhythm is one regime (the newer half
+    alone said "a rate that stopped" and hid the fill for an hour). Writes that stop are seen to: once
+    the quiet since the last outlasts twice the longest interval, the rate is the quiet's."""
+    pts, free, t = [], 500 * GB, 0.0
+    writes = {1800: 20 * GB, 4800: 22 * GB, 8400: 29 * GB, 12600: 15 * GB, 16800: 11 * GB}  # s -> bytes
+    while t <= 6 * 3600.0 + 5 * 3600.0:
+        free -= writes.get(int(t), 0.0) + 0.01 * GB  # and a little background every 10 s
+        pts.append((t, free))
+        t += 10.0
+    longest = 4200.0
+
+    def regime_at(now: float) -> tuple[float, float]:
+        return regime([p for p in pts if now - 6 * 3600.0 <= p[0] <= now], SIZE, 1800.0)
+
+    rate, evidence = regime_at(6 * 3600.0)
+    assert evidence > 5.9 * 3600.0 and rate * 3600 > 10 * GB  # the window's rhythm, not the background
+    rate, evidence = regime_at(16800.0 + 2 * longest - 600)
+    assert rate * 3600 > 10 * GB
+    rate, evidence = regime_at(16800.0 + 2 * longest + 600)
+    assert rate * 3600 == pytest.approx(3.6 * GB, rel=0.1) and evidence == pytest.approx(2 * longest + 600, abs=60)

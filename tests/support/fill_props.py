@@ -179,14 +179,19 @@ def _steady(p: dict) -> Disk:
 
 
 def _staircase(p: dict) -> Disk:
-    """A checkpoint every 10-60 min (+-10 %), each written over 30-300 s, on a little background."""
+    """A checkpoint every 10-60 min, each written over 30-300 s, on a little background; the intervals
+    scatter by up to `jitter` (10 %: a steady trainer; 50 %: saves at evaluations, epochs of uneven
+    length), the sizes by up to `sizes`."""
     rate = p["size"] * p["free"] / p["ttf"]
     rng, every, background = random.Random(p["rng"]), p["every"], rate * p["background"]
-    starts = {int(t / STEP) for t in _ticks(rng.uniform(0, every), every, 0.1, p["ttf"] * 1.3, rng)}
-    nsteps, ckpt = max(int(p["write"] / STEP), 1), (rate - background) * every
+    jitter, sizes, of_size = p.get("jitter", 0.1), p.get("sizes", 0.0), random.Random(p["rng"] + 1)
+    ckpt = (rate - background) * every
+    starts = {int(t / STEP): ckpt * of_size.uniform(1 - sizes, 1 + sizes)
+              for t in _ticks(rng.uniform(0, every), every, jitter, p["ttf"] * 1.3, rng)}
+    nsteps = max(int(p["write"] / STEP), 1)
 
     def per_step(k: int, _f: float) -> float:
-        return background * STEP + sum(ckpt / nsteps for j in range(nsteps) if k - j in starts)
+        return background * STEP + sum(starts.get(k - j, 0.0) / nsteps for j in range(nsteps))
 
     return _until_full(p["size"], _run(int(p["ttf"] * 1.2 / STEP), p["size"] * p["free"], per_step))
 
@@ -400,7 +405,8 @@ def _seed(draw) -> int:
 @st.composite
 def filling(draw) -> Trace:
     """A disk that fills steadily for 12.5-30 h from the daemon's start: a constant writer (with a slow
-    wobble), a leak on a small disk, checkpoint steps, or a cron cleanup that frees less than is written.
+    wobble), a leak on a small disk, checkpoint steps (their sizes and intervals scattered by up to +-50 %),
+    or a cron cleanup that frees less than is written.
     The daemon is restarted at random moments (down 10 s to 10 min); longer gaps and clock steps end at
     least 12.5 h before full, so the fill has been watched whole for 12 h when the warning is due."""
     family = draw(st.sampled_from(("steady", "leak", "staircase", "saw-tooth that fills")))
@@ -411,7 +417,8 @@ def filling(draw) -> Trace:
         p.update(wobble=draw(st.floats(0.0, 0.05)), period=draw(st.floats(0.5 * H, 3 * H)))
     elif family == "staircase":
         p.update(every=draw(st.floats(600.0, 3600.0)), write=draw(st.floats(30.0, 300.0)),
-                 background=draw(st.floats(0.0, 0.2)), rng=_seed(draw))
+                 background=draw(st.floats(0.0, 0.2)), jitter=draw(st.floats(0.1, 0.5)),
+                 sizes=draw(st.floats(0.0, 0.5)), rng=_seed(draw))
     else:
         p.update(period=draw(st.floats(0.5 * H, 3 * H)), share=draw(st.floats(0.2, 0.8)),
                  first=draw(st.floats(0.1, 1.0)), rng=_seed(draw))

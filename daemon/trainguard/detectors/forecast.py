@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from trainguard.detectors import filesystem
 from trainguard.detectors.follow import Fit, follow_trend, learned, seeded  # noqa: F401  (follow_trend re-exported)
-from trainguard.detectors.postpone import MAX_ERROR
+from trainguard.detectors.postpone import MAX_ERROR, early_counts
 from trainguard.detectors.trend import Trend, fill_trend  # noqa: F401  (fill_trend re-exported)
 from trainguard.records import Finding, FsSample, Severity
 from trainguard.units import format_bytes, format_duration, format_ratio
@@ -45,12 +45,10 @@ def level(trend: Trend | None, cfg: Forecast, active: Severity | None = None) ->
     # a fifth as early again. The evidence is stretched alike: a 6 h window could never back a 6.4 h ETA.
     early = 1.0 + max(cfg.lead_margin, 2 * min(trend.eta_error, MAX_ERROR))
     eta = trend.eta
-    if trend.eta_early is not None and trend.eta_error <= MAX_ERROR \
-            and trend.eta_early * early < eta * (1.0 + cfg.lead_margin):
+    if early_counts(trend) and trend.eta_early * early < eta * (1.0 + cfg.lead_margin):
         # A saw-tooth whose low before some cleanup may already reach zero (its lows a few of their
         # errors lower), a staircase whose write may not fit one period early (the writes to come a few
-        # of their errors larger): that time, with the lead margin, is what the lead is kept against; but
-        # only where the rhythm is learned (a few cycles far apart say little of the lows' scatter).
+        # of their errors larger): that time, with the lead margin, is what the lead is kept against.
         eta, early = trend.eta_early, 1.0 + cfg.lead_margin
     if eta > cfg.evidence_ratio * trend.evidence * slack * early:
         return None  # a forecast further ahead than the rate has held: not enough evidence yet

@@ -85,10 +85,17 @@ def no_later(rhythm: Trend, plain: Trend) -> Trend:
 
 
 def _alerted_eta(trend: Trend) -> float | None:
-    """The ETA forecast.level may alert on: the earliest credible one where its error is known well enough."""
-    if trend.eta is None or trend.eta_early is None or trend.eta_error > MAX_ERROR:
+    """The ETA forecast.level may alert on: the earliest credible one where it counts."""
+    if trend.eta is None or not early_counts(trend):
         return trend.eta
     return min(trend.eta, trend.eta_early)
+
+
+def early_counts(trend: Trend) -> bool:
+    """Whether the alert may count on the trend's earliest credible ETA: a staircase's always (its error
+    is widened for the few writes it was measured on), a saw-tooth's where its error is known well enough
+    (a few cycles far apart say little of the lows' scatter)."""
+    return trend.eta_early is not None and (not trend.cleanup_every or trend.eta_error <= MAX_ERROR)
 
 
 def may_hold(trend: Trend, line: Trend | None, proven: bool, freed: float, since: float) -> Trend:

@@ -8,9 +8,11 @@ intervals scatter.
 
 Near full that ETA is not smooth: one write fewer fits when the writes still to come are a little
 larger than the mean, and the ETA is a whole period earlier, a jump no relative error can say. So the
-earliest credible ETA (`early`) is that of the free space lowered by a few standard errors of the summed
-sizes of the writes still to come (their scatter adds up as a random walk, and the error of the learned
-mean size as many times over as there are writes), and the warning counts on that.
+earliest credible ETA (`early`) is that of the free space lowered by a few standard errors of what the
+writes still to come bring (their scatter in size and in time adds up as a random walk, and the error of
+the learned mean as many times over as there are writes), and the warning counts on that. Writes that
+scatter by half their size and period (saves at evaluations, epochs of uneven length) are a rhythm too:
+their early ETA is well before the central one, as far as their scatter says.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 
 from trainguard.detectors.sawtooth import LOW_ERRORS
 
-MAX_STEP_ERROR = 0.1  # a checkpoint rhythm whose ETA is less certain than this is not one (bursts)
+MAX_STEP_ERROR = 0.4  # a checkpoint rhythm whose mean is less certain than this is not one (bursts)
 STEP_SHARE = 0.5  # nor one whose writes make less than this share of the fill (noise on a steady writer)
 
 Points = Sequence[tuple[float, float]]
@@ -83,11 +85,13 @@ def stepped_eta(pts: Points, found: Sequence, background: float, rate: float, no
     # scatter of the k + 1 writes still to come (their sizes and intervals add up as they come).
     # Scatter measured on a few steps is itself uncertain: widened by Student's t for their number.
     error = spread * math.sqrt(1 / len(gaps) + 1 / (k + 1)) * _few(len(gaps) - 1)
-    # The earliest: the free space less LOW_ERRORS standard errors of the sizes of writes 0..k summed
-    # (their scatter as a random walk, and k + 1 times the error of the learned mean size).
-    n = len(done)
+    # The earliest: the free space less LOW_ERRORS standard errors of what writes 0..k bring summed (their
+    # scatter as a random walk, and k + 1 times the error of the learned mean). A write's scatter counts
+    # its size and its time: one that comes a fraction of a period early brings that fraction of a mean
+    # write early, so both are bytes (nbytes * spread).
+    n = min(len(done), len(gaps))
     early = _first_short(avail, at - now, every, background, nbytes, write, nbytes,
-                         lambda k: LOW_ERRORS * of_size * math.sqrt((k + 1) + (k + 1) ** 2 / n))
+                         lambda k: LOW_ERRORS * nbytes * spread * math.sqrt((k + 1) + (k + 1) ** 2 / n))
     return Stepped(eta, error, eta if early is None else min(early[1], eta))
 
 
