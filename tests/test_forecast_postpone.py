@@ -111,3 +111,19 @@ def test_lows_that_seem_to_decline_while_what_is_freed_keeps_up_still_postpone()
     # The same lows where each cleanup frees a steady 7.6 GB of the 8.4 GB written: a measured loss.
     lossy = tuple(dataclasses.replace(c, freed=7.6 * GB) for c in cycles)
     assert not may_postpone(lossy, gross, 50 * GB, 0.0, 0.02 * GB, 4 * GB, 0.1 * every)
+
+
+def test_a_gc_at_its_mark_whose_writer_runs_faster_this_period_is_not_full_before_its_next_cleanup():
+    # A GC at 97 % used of a 1.46 TB disk, freeing ~170 GB about every 1.5 h: its lows 32-54 GB. This period
+    # the writer runs at 112 GB/h, and at 32 GB free the cleanup due by its mean period is 20 min away,
+    # after the disk would be full at this pace. It comes by its level, as every one before it did: the
+    # rhythm keeps up. Below the level that brought them by more than their scatter, only its time counts.
+    size, every, gross = 1460 * GB, 1.54 * H, 112.5 * GB / H
+    lows = (46.7, 31.9, 52.4, 42.0, 41.2, 41.5, 54.3, 39.1)
+    freed = (183.2, 189.9, 162.3, 149.0, 182.1, 194.8, 177.0, 126.9)
+    cycles = tuple(Cycle(k * every, low * GB, f * GB) for k, (low, f) in enumerate(zip(lows, freed)))
+    next_in = 0.32 * H
+    assert 31.8 * GB < gross * next_in  # by its time alone, full before it comes
+    assert may_postpone(cycles, gross, size, 0.0, 0.05 * GB, 31.8 * GB, next_in)
+    # The lows scatter by about 25 GB around their line: at 5 GB free the level is passed.
+    assert not may_postpone(cycles, gross, size, 0.0, 0.05 * GB, 5 * GB, next_in)

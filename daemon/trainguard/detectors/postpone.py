@@ -18,6 +18,7 @@ from trainguard.detectors.sawtooth import (
     Cycle,
     allowance,
     drift,
+    level_floor,
     loss_per_period,
     lows_scatter,
     run_forward,
@@ -43,7 +44,8 @@ def may_postpone(cycles: Sequence[Cycle], gross: float, size: float, largest_wri
       them leaves the disk to fill;
     - the low has held: two cycles' lows within that allowance; more, no lower across them than twice
       their scatter (their own around their line, and at least that allowance): no loss per period;
-    - run forward from `latest` free bytes (the next cleanup `next_in` seconds away, then one a period) at
+    - run forward from `latest` free bytes (the next cleanup `next_in` seconds away, or sooner where lows
+      that hold are reached, then one a period) at
       the decline its lows show where it exceeds their scatter once (the rule above asks twice before it
       counts as a loss) and the cleanups free less than is written, by more than ERRORS standard errors
       of their mean (no faster than that shortfall), the disk holds for HOLDS at least: lows 800, 510,
@@ -68,7 +70,12 @@ def may_postpone(cycles: Sequence[Cycle], gross: float, size: float, largest_wri
             # beyond what their mean is known to: lows read off noisy samples can seem to go down while
             # what is freed keeps up.
             loss = min(-slope, shortfall / every) * every
-    forward = run_forward(latest, gross, loss, next_in, every)
+    # The next cleanup comes by its time or, where the lows hold and the disk is above their level_floor,
+    # by its level (a GC at a mark whose writer runs faster this period triggers sooner, not later), as
+    # next_low counts on.
+    floor = level_floor(cycles, size, largest_write)
+    first_in = min(next_in, (latest - floor) / gross) if latest > floor and loss == 0 else next_in
+    forward = run_forward(latest, gross, loss, first_in, every)
     return held and (forward is None or forward >= HOLDS)
 
 

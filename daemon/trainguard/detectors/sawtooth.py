@@ -102,6 +102,15 @@ def missed_after(cycles: Sequence[Cycle]) -> float:
     return cycles[-1].ts + every + max(3 * spread, LATE * every)
 
 
+def level_floor(cycles: Sequence[Cycle], size: float, largest_write: float) -> float:
+    """Free bytes below which the next cleanup is late by its level: the lowest low less what the lows
+    scatter by (at least a deletion-sized share of the disk or a checkpoint; from two cycles, whose scatter
+    says little, the allowance of a trigger's jitter)."""
+    margin = max(size * 0.005, largest_write, drift(cycles)[1]) if len(cycles) > 2 \
+        else allowance(cycles, size, largest_write)
+    return min(c.low for c in cycles) - margin
+
+
 def drift(cycles: Sequence[Cycle]) -> tuple[float, float]:
     """(slope of the lows in bytes/s, their scatter around it: max - min of the residuals)."""
     slope = (theil_sen([(c.ts, c.low) for c in cycles]) or 0.0) if len(cycles) >= 3 else 0.0
@@ -150,14 +159,10 @@ def next_low(cycles: Sequence[Cycle], latest: float, gross: float, size: float, 
     last = cycles[-1].ts
     next_in = max(last + every - now, 0.0)
     eta_without = latest / gross
-    # Below the lowest low by more than the lows scatter (at least a deletion-sized share of the disk or a
-    # checkpoint; from two cycles, whose scatter says little, the allowance of a trigger's jitter), the
-    # level that brings a cleanup is passed; later than the latest one has come by more than the periods
-    # scatter, its time is.
+    # Below its level_floor the level that brings a cleanup is passed; later than the latest one has come
+    # by more than the periods scatter, its time is.
     lowest = min(c.low for c in cycles)
-    margin = max(size * 0.005, largest_write, spread) if len(cycles) > 2 else allowance(cycles, size, largest_write)
-    floor = lowest - margin
-    below = latest < floor
+    below = latest < level_floor(cycles, size, largest_write)
     longest = max(b.ts - a.ts for a, b in zip(cycles, cycles[1:]))
     coming = arriving >= 0.5 * frees
     if below and not coming and (now >= missed_after(cycles) or now + eta_without < last + longest):
