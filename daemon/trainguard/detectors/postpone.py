@@ -45,11 +45,11 @@ def may_postpone(cycles: Sequence[Cycle], gross: float, size: float, largest_wri
     - the low has held: two cycles' lows within that allowance; more, no lower across them than twice
       their scatter (their own around their line, and at least that allowance): no loss per period;
     - run forward from `latest` free bytes (the next cleanup `next_in` seconds away, or sooner where lows
-      that hold are reached, then one a period) at
-      the decline its lows show where it exceeds their scatter once (the rule above asks twice before it
-      counts as a loss) and the cleanups free less than is written, by more than ERRORS standard errors
-      of their mean (no faster than that shortfall), the disk holds for HOLDS at least: lows 800, 510,
-      220 GB of a daily cleanup that frees 1 TB are a disk full before the next one."""
+      that hold are reached, then one a period) at the decline its lows show where it exceeds their
+      scatter once (the rule above asks twice before it counts as a loss) and the cleanups free less
+      than is written, by more than ERRORS standard errors of their mean (no faster than that
+      shortfall), the disk holds for HOLDS at least: lows 800, 510, 220 GB of a daily cleanup that
+      frees 1 TB are a disk full before the next one."""
     if len(cycles) < 2 or gross <= 0 or min(c.freed for c in cycles) < NOISE_WIDTHS * noise:
         return False
     share = allowance(cycles, size, largest_write)
