@@ -83,3 +83,14 @@ def test_a_cleanup_whose_first_samples_are_in_is_not_missed():
     coming = pts + [(now + 10, avail(now) + 20 * GB), (now + 20, avail(now) + 40 * GB)]
     trend = forecast.fill_trend(coming, SIZE, now + 20, 6 * H, 1800)
     assert not trend.cleanup_missed and trend.eta is None
+
+
+def test_a_rhythm_seen_for_one_period_is_not_missed_before_twice_that_period():
+    # Two cleanups 8 min apart of a GC on a timer every 12 min +-25 % (or whose writer's pace jitters): the
+    # next came 15 min after the last. Below its lows by their allowance, it is not called stopped (a
+    # critical "full in 15 min" as it came) until twice the one period seen, as a churn's next cleanup.
+    every, gross = 8 * 60.0, 200 * GB / (8 * 60.0)
+    cycles = (sawtooth.Cycle(0.0, 100 * GB, 200 * GB), sawtooth.Cycle(every, 100 * GB, 200 * GB))
+    for late, stopped in ((0.3, False), (0.9, False), (1.1, True)):
+        nxt = sawtooth.next_low(cycles, 30 * GB, gross, SIZE, 0.0, every + every * (1 + late))
+        assert nxt.stopped is stopped, late

@@ -38,6 +38,8 @@ MEMORY_MAX = 7 * 86400.0  # ... up to a week (a weekly cleanup is then known fro
 MAX_CYCLES = 16
 LATE = 0.1  # a cleanup later than its periods scatter, and this share of a period at least, with the disk
 # below its lows by their scatter, has stopped
+ONE_PERIOD_LATE = 1.0  # with one period seen its scatter is unknown (one timed off a first cleanup seen
+# in warm-up, or a short one of a jittery GC): the next may come twice it later, as a churn's (CHURN_SLACK)
 JITTER_OF_FREED = 0.3  # lows scatter at least this share of what a cleanup frees (its trigger jitters)
 # Standard errors a low to come may fall short of its forecast: a warning is due at every one of the
 # few cycles that pass through the lead, each a new draw, and the scatter is learned from a few steps.
@@ -94,10 +96,13 @@ def allowance(cycles: Sequence[Cycle], size: float, largest_write: float) -> flo
 
 def missed_after(cycles: Sequence[Cycle]) -> float:
     """When the next cleanup is later than the rhythm's periods scatter (three robust widths of them past
-    their median, or LATE of one where they hardly scatter): then its time has passed. Robust: a cleanup
-    seen only after a restart's downtime came "late" once without the rhythm being any looser."""
+    their median, or LATE of one where they hardly scatter; ONE_PERIOD_LATE where one period is all that
+    was seen): then its time has passed. Robust: a cleanup seen only after a restart's downtime came
+    "late" once without the rhythm being any looser."""
     periods = [b.ts - a.ts for a, b in zip(cycles, cycles[1:])]
     every = statistics.median(periods)
+    if len(periods) < 2:
+        return cycles[-1].ts + every * (1 + ONE_PERIOD_LATE)
     spread = 1.4826 * statistics.median(abs(p - every) for p in periods)
     return cycles[-1].ts + every + max(3 * spread, LATE * every)
 
