@@ -94,3 +94,13 @@ def test_a_rhythm_seen_for_one_period_is_not_missed_before_twice_that_period():
     for late, stopped in ((0.3, False), (0.9, False), (1.1, True)):
         nxt = sawtooth.next_low(cycles, 30 * GB, gross, SIZE, 0.0, every + every * (1 + late))
         assert nxt.stopped is stopped, late
+
+
+def test_a_cycle_learned_before_is_kept_where_the_window_no_longer_shows_it():
+    # Cleanups at 0, 15 and 30 min learned from fine samples; the window now shows those at 0 and 30 min
+    # only (the one at 15 averaged beside a checkpoint write), that at 30 min 2 min later than learned.
+    known = (sawtooth.Cycle(0.0, 50 * GB, 80 * GB), sawtooth.Cycle(900.0, 52 * GB, 79 * GB),
+             sawtooth.Cycle(1800.0, 49 * GB, 81 * GB))
+    seen = [sawtooth.Cycle(0.0, 50 * GB, 80 * GB), sawtooth.Cycle(1920.0, 48 * GB, 82 * GB)]
+    merged = sawtooth.merge(known, seen, 2000.0)
+    assert [c.ts for c in merged] == [0.0, 900.0, 1920.0]  # the one seen again is the window's

@@ -67,13 +67,14 @@ class NextLow:
 
 
 def merge(known: Sequence[Cycle], seen: Sequence[Cycle], now: float) -> tuple[Cycle, ...]:
-    """The cycles to judge by: those the window shows, and those learned before the first of them (one
-    the window has just cut into is no longer seen whole, but was), kept for `memory` of them and not
+    """The cycles to judge by: those the window shows, and those learned before that it does not show
+    (one the window has just cut into is no longer seen whole, but was), kept for `memory` of them and not
     later than now (after a clock step back they are forgotten)."""
     # A cleanup's time moves by up to a history bucket when its samples are averaged: 5 min apart is
-    # another cleanup.
-    cutoff = seen[0].ts - 300.0 if seen else now
-    cycles = ([c for c in known if c.ts < cutoff and c.ts <= now] + list(seen))[-MAX_CYCLES:]
+    # another cleanup. One seen before and not now is kept: averaged into minute means beside a
+    # checkpoint write, a cleanup seen whole in the fine samples may no longer read as one.
+    known = [c for c in known if c.ts <= now and all(abs(c.ts - s.ts) > 300.0 for s in seen)]
+    cycles = sorted([*known, *seen], key=lambda c: c.ts)[-MAX_CYCLES:]
     keep = memory(cycles)
     return tuple(c for c in cycles if now - keep <= c.ts)
 
