@@ -1,5 +1,5 @@
 """The cleanup cycles the forecast learned: kept in the state database (store.cycles) for the longest
-rhythm's three periods, handed back at start, over an unreadable sample and a reload; and the warm-up,
+rhythm's four periods, handed back at start, over an unreadable sample and a reload; and the warm-up,
 while the history covers less than a window."""
 
 from __future__ import annotations
@@ -73,11 +73,12 @@ def test_an_unchanged_set_of_cycles_is_not_written_again(tmp_path):
     assert conn.total_changes == changes
 
 
-def test_a_daily_rhythm_is_kept_three_periods_and_a_single_cleanup_a_week():
+def test_a_daily_rhythm_is_kept_four_periods_and_a_single_cleanup_a_week():
+    # Four: as the next cleanup is late, the three before it (two periods) are still there to judge by.
     cycles = daily(3)
     assert sawtooth.merge(cycles, (), 2 * DAY + 23 * H) == cycles  # a 24 h memory lost the first here
-    assert sawtooth.merge(cycles, (), 3 * DAY - H) == cycles
-    assert sawtooth.merge(cycles, (), 3 * DAY + H) == cycles[1:]
+    assert sawtooth.merge(cycles, (), 4 * DAY - H) == cycles
+    assert sawtooth.merge(cycles, (), 4 * DAY + H) == cycles[1:]
     one = daily(1)
     assert sawtooth.merge(one, (), 6 * DAY) == one
     assert sawtooth.merge(one, (), 7 * DAY + H) == ()

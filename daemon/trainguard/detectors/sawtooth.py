@@ -3,7 +3,7 @@ learned from its cycles, and forecast as "the next low".
 
 Each cleanup seen is a `Cycle`: when it came, the free space just before it (its low) and what it
 freed. The cycles of the fit window are merged with those learned before (plain data the caller passes
-back in, and the daemon keeps in its state database), kept for three of the longest periods (a day at
+back in, and the daemon keeps in its state database), kept for four of the longest periods (a day at
 least, a week at most), so a saw-tooth whose period is a large part of the window, or longer than it,
 still has enough cycles for its period, the scatter of its lows and their drift.
 
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from trainguard.detectors.fit import theil_sen
 
 MEMORY = 24 * 3600.0  # cycles are remembered at least this long (a day of checkpoints or rotations) ...
-PERIODS_KEPT = 3  # ... and at least this many of their longest period ...
+PERIODS_KEPT = 4  # ... and at least this many of their longest period (two periods left as one is late) ...
 MEMORY_MAX = 7 * 86400.0  # ... up to a week (a weekly cleanup is then known from its last two)
 MAX_CYCLES = 16
 LATE = 0.1  # a cleanup later than its periods scatter, and this share of a period at least, with the disk
