@@ -39,7 +39,7 @@ MAX_CYCLES = 16
 LATE = 0.1  # a cleanup later than its periods scatter, and this share of a period at least, with the disk
 # below its lows by their scatter, has stopped
 ONE_PERIOD_LATE = 1.0  # with one period seen its scatter is unknown (one timed off a first cleanup seen
-# in warm-up, or a short one of a jittery GC): the next may come twice it later, as a churn's (CHURN_SLACK)
+# in warm-up, or a short one of a jittery GC): the next may come twice it later
 JITTER_OF_FREED = 0.3  # lows scatter at least this share of what a cleanup frees (its trigger jitters)
 # Standard errors a low to come may fall short of its forecast: a warning is due at every one of the
 # few cycles that pass through the lead, each a new draw, and the scatter is learned from a few steps.
