@@ -1,7 +1,8 @@
 """A learned rhythm may postpone an alert only when it is measured to keep up, and warm-up may hold an alert
 for a churn it has not seen, never for a fill the plain fit proves (detectors.postpone).
 
-The reference is the plain least-squares line through the samples (predict_linear's method), written here.
+The reference is the plain least-squares line through the samples (predict_linear's method), written in
+tests/support/plain_fit.py.
 """
 
 from __future__ import annotations
@@ -14,24 +15,12 @@ from trainguard.detectors.postpone import may_postpone
 from trainguard.detectors.sawtooth import Cycle
 from trainguard.store.history import History
 
+from tests.support.plain_fit import plain_eta
+
 GB = 1e9
 H = 3600.0
 DAY = 24 * H
 CFG = Forecast()
-
-
-def plain_eta(points) -> float | None:
-    """Seconds to full by the least-squares line through the points, taken at the newest one (as
-    predict_linear takes it at the evaluation time); None when it does not fall."""
-    n = len(points)
-    mt = sum(t for t, _ in points) / n
-    mv = sum(v for _, v in points) / n
-    var = sum((t - mt) ** 2 for t, _ in points)
-    if n < 2 or var <= 0:
-        return None
-    slope = sum((t - mt) * (v - mv) for t, v in points) / var
-    at_now = mv + slope * (points[-1][0] - mt)
-    return at_now / -slope if slope < 0 else None
 
 
 def plain_warns(points) -> bool:

@@ -11,6 +11,8 @@ from trainguard.detectors.fit import regime
 from trainguard.detectors.steps import steps
 from trainguard.detectors.trend import fill_trend
 
+from tests.support.plain_fit import plain_eta
+
 GB = 1e9
 SIZE = 1000 * GB
 
@@ -140,21 +142,13 @@ def test_writes_scattered_by_half_their_size_and_period_are_warned_6_h_ahead(see
             first = None
         elif first is None:
             first = now
-        if not plain_warns(seen, cfg.warning):
+        eta = plain_eta(seen)  # predict_linear(avail[window], warning) < 0
+        if eta is None or eta >= cfg.warning:
             plain_first = None
         elif plain_first is None:
             plain_first = now
     assert first is not None and full - first >= cfg.warning, (full - first) / 3600 if first else None
     assert plain_first is None or first <= plain_first
-
-
-def plain_warns(pts: list[tuple[float, float]], lead: float) -> bool:
-    """predict_linear(avail[window], lead) < 0: the least-squares line through the samples reaches zero
-    within `lead` of the newest one."""
-    n = len(pts)
-    mt, mv = sum(t for t, _ in pts) / n, sum(v for _, v in pts) / n
-    slope = sum((t - mt) * (v - mv) for t, v in pts) / sum((t - mt) ** 2 for t, _ in pts)
-    return slope < 0 and mv + slope * (pts[-1][0] + lead - mt) < 0
 
 
 def test_halves_of_a_staircase_a_write_apart_are_one_regime_and_a_stop_is_seen_after_its_longest_gap():
