@@ -19,7 +19,7 @@ from trainguard.surfaces.status_text import render_text
 
 from tests.gpu_support import FakeClock, GiB, fake_pynvml, gpu_spec
 from tests.support import fake_daemon
-from tests.support.launcher import launch
+from tests.support.launcher import has_ended, launch
 
 INTERVAL = 10.0
 
@@ -178,8 +178,7 @@ def test_a_run_that_ended_shows_in_status_as_ended_and_how_for_an_hour(tmp_path,
         os.kill(r1, signal.SIGKILL)
         os.kill(r0, signal.SIGUSR2)  # rank 0 raises: its traceback ends its output file
         deadline = time.monotonic() + 20
-        while any(Path(f"/proc/{pid}/stat").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-                  for pid in (r0, r1)):
+        while not all(has_ended(pid) for pid in (r0, r1)):
             assert time.monotonic() < deadline, "the ranks did not end"
             time.sleep(0.01)
         launcher.wait(timeout=20)

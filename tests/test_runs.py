@@ -13,7 +13,7 @@ from trainguard.sources.run_end import ending, error_line, how_ended, local_path
 from trainguard.sources.runs import RunSampler, launcher_kind, parse_stat
 
 from tests.support.daemon_proc import wait_until
-from tests.support.launcher import launch
+from tests.support.launcher import has_ended, launch
 
 
 @pytest.fixture
@@ -58,8 +58,7 @@ def test_a_run_that_crashed_ends_with_its_error_line_and_a_clean_end_with_none(l
     [run] = sampler.sample(0.0, [on_gpu(r0)])[0]
     os.kill(r1, signal.SIGTERM)  # one rank killed: the run goes on
     os.kill(r0, signal.SIGUSR2)
-    wait_until(lambda: not Path(f"/proc/{r0}/stat").exists() or Path(f"/proc/{r0}/stat").read_text().split()[2] == "Z",
-               20, what="rank 0's crash")
+    wait_until(lambda: has_ended(r0), 20, what="rank 0's crash")
     runs, ended = sampler.sample(10.0, [])
     assert runs == ()
     [end] = ended

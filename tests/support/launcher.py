@@ -42,6 +42,16 @@ LAUNCHER = textwrap.dedent("""\
 """)
 
 
+def has_ended(pid: int) -> bool:
+    """The process is gone or a zombie. One read, no exists-then-read: a rank reaped between the two
+    makes /proc/PID/stat fail with ESRCH rather than ENOENT."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rpartition(")")[2].split()[0] == "Z"
+    except OSError:  # ENOENT or ESRCH: it was reaped
+        return True
+
+
 @contextlib.contextmanager
 def launch(tmp_path: Path):
     """A `torchrun` (a script of that name) with two ranks: (launcher, [rank pids], out dir)."""
