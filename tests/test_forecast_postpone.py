@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from trainguard.config import Forecast
 from trainguard.detectors.forecast import fill_trend, follow_trend, level
 from trainguard.detectors.postpone import may_postpone
@@ -116,3 +117,40 @@ def test_a_gc_at_its_mark_whose_writer_runs_faster_this_period_is_not_full_befor
     assert may_postpone(cycles, gross, size, 0.0, 0.05 * GB, 31.8 * GB, next_in)
     # The lows scatter by about 25 GB around their line: at 5 GB free the level is passed.
     assert not may_postpone(cycles, gross, size, 0.0, 0.05 * GB, 5 * GB, next_in)
+
+
+# ---- warm-up: a rhythm seen for a period or two ----------------------------------------------------------
+
+@pytest.mark.parametrize("stops", [False, True])
+def test_a_rhythm_not_measured_to_keep_up_in_warm_up_alerts_when_the_plain_line_does(stops):
+    # A fresh start on a 1 TB disk at 85 % used, a GC on a 20 min timer, 60 GB written per period. Its first
+    # cleanup frees half of that and the next period runs 30 % long: the second low is 48 GB under the first,
+    # a decline the rhythm cannot be measured to keep up with. Every cleanup after frees what its period
+    # wrote and the disk never fills, or (`stops`) none comes after the second and it is full 1 h later.
+    size, rate, period = 1000 * GB, 60 * GB / (20 * 60), 20 * 60.0
+    cleanups = [(600.0, 30 * GB), (600.0 + 1.3 * period, 90 * GB)]
+    cleanups += [] if stops else [(cleanups[-1][0] + k * period, 60 * GB) for k in range(1, 30)]
+
+    def avail(t: float) -> float:
+        return 150 * GB - rate * t + sum(freed for at, freed in cleanups if at <= t)
+
+    history, fit, active = History(None, window=CFG.window), None, None
+    seen, alerted, plain = [], [], []
+    for k in range(int(CFG.window // 10)):
+        t = 10.0 * k
+        if avail(t) <= 0:
+            break
+        history.record(t, {"a": avail(t)})
+        seen.append((t, avail(t)))
+        if k % 6:
+            continue  # evaluated every minute
+        trend, fit = follow_trend(fit, lambda since: history.points("a", since), size, t, CFG)
+        alert = level(trend, CFG, active)
+        active = alert[0] if alert else None
+        alerted += [t] if alert else []
+        plain += [t] if len(seen) > 2 and plain_warns(seen) else []
+    if not stops:
+        assert plain == [] and min(v for _, v in seen) > 60 * GB  # no forecaster could know better
+        assert alerted == []
+    else:  # the line through everything seen decides: no later than the plain fit
+        assert plain and alerted and alerted[0] <= plain[0] + 60.0, (alerted[:1], plain[:1])

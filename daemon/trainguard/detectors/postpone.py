@@ -111,14 +111,16 @@ def may_hold(trend: Trend, line: Trend | None, proven: bool, freed: float, since
     what it is. One deletion of `freed` bytes `since` seconds ago may be a churn not yet seen for one
     period: a churn that keeps up frees what is written in its period, so at the trend's pace its next
     cleanup is due within CHURN_SLACK times freed / pace; until then the alert is held (`quiet`: shown, not
-    alerted on); after it, the alert comes no later than the line's, as where two cycles or more (`freed` 0)
-    are a rhythm that may_postpone did not find to keep up. A fill with no deletion in sight (no `line`) is
-    what it seems, from when it began (`trend.evidence`: a download that started minutes after the daemon)."""
+    alerted on). After that, and where two cycles or more (`freed` 0) are a rhythm not measured to keep
+    up, the line decides: a period or two says less than the line through all of it (a first cleanup that
+    freed less than its period wrote, then a long period, reads as lows that decline, a fill the next
+    cleanup undoes). A fill with no deletion in sight (no `line`) is what it seems, from when it began
+    (`trend.evidence`: a download that started minutes after the daemon)."""
     if proven or trend.slope <= 0:
         return trend
     if freed > 0 and since < CHURN_SLACK * freed / trend.slope:
         return dataclasses.replace(trend, quiet=True)
-    return trend if line is None else dataclasses.replace(no_later(trend, line), learning=True)
+    return trend if line is None else dataclasses.replace(line, learning=True, bounded=True)
 
 
 def bounded_by_line(trend: Trend, line: Trend | None, fell: float, freed: float) -> Trend:
