@@ -29,6 +29,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
 from tests.support import fill_props as fp
+from tests.support.plain_fit import plain_warnings
 
 CFG = fp.CFG
 
@@ -58,26 +59,8 @@ def _clock_steps_are_part_of_the_draw():
 def plain_warned_since(trace: fp.Trace, times: list[float]) -> float | None:
     """When the plain fit's warning still on at the last of `times` began (None: off at the end)."""
     pts = [(t, v) for t, _, v in trace.samples()]
-    since, lo, hi = None, 0, 0
-    sums = [(0.0, 0.0, 0.0, 0.0, 0.0)]  # prefix sums of 1, t, v, t*v, t*t (t, v from the first sample)
-    t0, v0 = pts[0]
-    for t, v in pts:
-        x, y = t - t0, v - v0
-        a = sums[-1]
-        sums.append((a[0] + 1, a[1] + x, a[2] + y, a[3] + x * y, a[4] + x * x))
-    for now in times:
-        while hi < len(pts) and pts[hi][0] <= now:
-            hi += 1
-        while lo < hi and pts[lo][0] <= now - CFG.window:
-            lo += 1
-        n, sx, sy, sxy, sxx = (b - a for a, b in zip(sums[lo], sums[hi]))
-        var = sxx - sx * sx / n if n >= 2 else 0.0
-        warns = False
-        if var > 0:
-            slope = (sxy - sx * sy / n) / var
-            at_now = v0 + sy / n + slope * (now - t0 - sx / n)
-            eta = at_now / -slope if slope < 0 else None
-            warns = eta is not None and eta < CFG.warning and eta <= CFG.evidence_ratio * (pts[hi - 1][0] - pts[lo][0])
+    since = None
+    for now, warns in zip(times, plain_warnings(pts, times, CFG.window, CFG.warning, CFG.evidence_ratio)):
         since = (since if since is not None else now) if warns else None
     return since
 
