@@ -30,6 +30,27 @@ def plain_warns(points) -> bool:
     return eta is not None and eta < CFG.warning and eta <= CFG.evidence_ratio * (points[-1][0] - points[0][0])
 
 
+def from_a_fresh_start(avail, size: float, end: float) -> tuple[list, list]:
+    """(when the daemon alerts, when the plain fit warns): `avail(t)` sampled every 10 s from a fresh
+    start until `end` or full, the daemon's path evaluated every minute."""
+    history, fit, active = History(None, window=CFG.window), None, None
+    seen, alerted, plain = [], [], []
+    for k in range(int(end // 10)):
+        t = 10.0 * k
+        if avail(t) <= 0:
+            break
+        history.record(t, {"a": avail(t)})
+        seen.append((t, avail(t)))
+        if k % 6:
+            continue  # evaluated every minute
+        trend, fit = follow_trend(fit, lambda since: history.points("a", since), size, t, CFG)
+        alert = level(trend, CFG, active)
+        active = alert[0] if alert else None
+        alerted += [t] if alert else []
+        plain += [t] if len(seen) > 2 and plain_warns(seen) else []
+    return alerted, plain
+
+
 # ---- a rhythm that loses ground ------------------------------------------------------------------------
 
 SIZE = 10_000 * GB
@@ -67,23 +88,8 @@ def test_warm_up_does_not_hold_a_fill_that_the_plain_fit_proves():
     def avail(t: float) -> float:
         return 400 * GB - rate * t + (10 * GB if t >= 1.5 * H else 0.0)
 
-    history, fit, active = History(None, window=CFG.window), None, None
-    first, plain_first, seen = None, None, []
-    for k in range(int(full_at // 10)):
-        t = 10.0 * k
-        history.record(t, {"a": avail(t)})
-        seen.append((t, avail(t)))
-        if k % 6:
-            continue  # evaluated every minute
-        trend, fit = follow_trend(fit, lambda since: history.points("a", since), size, t, CFG)
-        alert = level(trend, CFG, active)
-        active = alert[0] if alert else None
-        if alert and first is None:
-            first = t
-        if plain_first is None and len(seen) > 2 and plain_warns(seen):
-            plain_first = t
-    assert plain_first is not None
-    assert first is not None and first <= plain_first + 60.0, (first, plain_first)
+    alerted, plain = from_a_fresh_start(avail, size, full_at)
+    assert plain and alerted and alerted[0] <= plain[0] + 60.0, (alerted[:1], plain[:1])
 
 
 # ---- lows that seem to decline while the cleanups keep up ------------------------------------------------
@@ -134,23 +140,9 @@ def test_a_rhythm_not_measured_to_keep_up_in_warm_up_alerts_when_the_plain_line_
     def avail(t: float) -> float:
         return 150 * GB - rate * t + sum(freed for at, freed in cleanups if at <= t)
 
-    history, fit, active = History(None, window=CFG.window), None, None
-    seen, alerted, plain = [], [], []
-    for k in range(int(CFG.window // 10)):
-        t = 10.0 * k
-        if avail(t) <= 0:
-            break
-        history.record(t, {"a": avail(t)})
-        seen.append((t, avail(t)))
-        if k % 6:
-            continue  # evaluated every minute
-        trend, fit = follow_trend(fit, lambda since: history.points("a", since), size, t, CFG)
-        alert = level(trend, CFG, active)
-        active = alert[0] if alert else None
-        alerted += [t] if alert else []
-        plain += [t] if len(seen) > 2 and plain_warns(seen) else []
+    alerted, plain = from_a_fresh_start(avail, size, CFG.window)
     if not stops:
-        assert plain == [] and min(v for _, v in seen) > 60 * GB  # no forecaster could know better
+        assert plain == [] and min(avail(10.0 * k) for k in range(int(CFG.window // 10))) > 60 * GB
         assert alerted == []
     else:  # the line through everything seen decides: no later than the plain fit
         assert plain and alerted and alerted[0] <= plain[0] + 60.0, (alerted[:1], plain[:1])
