@@ -146,3 +146,19 @@ def test_a_rhythm_not_measured_to_keep_up_in_warm_up_alerts_when_the_plain_line_
         assert alerted == []
     else:  # the line through everything seen decides: no later than the plain fit
         assert plain and alerted and alerted[0] <= plain[0] + 60.0, (alerted[:1], plain[:1])
+
+
+def test_three_downloads_one_after_another_from_a_fresh_start_raise_no_episode():
+    # A 456 GB disk with 128 GB free as the daemon starts: downloads of 20.6, 16.3 and 14.6 GB at 0.14,
+    # 2.05 and 3.3 h, then only logs. The three read as a checkpoint staircase whose scatter two
+    # intervals measured: its earliest ETA, built on that, warned from 4 h to 5.7 h of a disk that then
+    # stayed flat.
+    size, logs = 456 * GB, 0.017 * GB / H
+    downloads = [(0.144 * H, 0.156 * H, 20.6 * GB), (2.047 * H, 0.064 * H, 16.3 * GB), (3.3 * H, 0.175 * H, 14.6 * GB)]
+
+    def avail(t: float) -> float:
+        got = sum(nbytes * min(max(t - start, 0.0) / took, 1.0) for start, took, nbytes in downloads)
+        return 127.8 * GB - logs * t - got
+
+    alerted, _ = from_a_fresh_start(avail, size, 12 * H)
+    assert alerted == []

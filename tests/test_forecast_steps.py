@@ -52,6 +52,17 @@ def test_the_eta_error_of_a_few_steps_is_wider_than_of_many():
     assert few.eta_error > many.eta_error * (10 / 3) ** 0.5
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_earliest_eta_counts_on_the_scatter_of_three_intervals_at_least(seed):
+    """Two intervals give the writes' scatter one degree of freedom: the earliest ETA is not built on it
+    (it is the central one, and the error stated widens the margin instead). From three on, the scatter
+    brings the earliest ETA forward."""
+    three = fill_trend(staircase(3, every=5400.0, scatter=0.3, seed=seed), SIZE, 3 * 5400.0, 6 * 3600.0, 1800.0)
+    four = fill_trend(staircase(4, every=4000.0, scatter=0.3, seed=seed), SIZE, 4 * 4000.0, 6 * 3600.0, 1800.0)
+    assert three.eta_error > 0 and three.eta_early == three.eta
+    assert four.eta_error > 0 and four.eta_early < four.eta
+
+
 def test_writes_smaller_than_a_deletion_are_still_a_rhythm():
     """Checkpoints of 0.2 % of the disk, well above the noise: learned as a rhythm (the ETA is that of
     the write that does not fit, and states its error), not as a line through the staircase."""

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from trainguard.detectors.sawtooth import LOW_ERRORS
 
 MAX_STEP_ERROR = 0.4  # a checkpoint rhythm whose mean is less certain than this is not one (bursts)
+EARLY_FROM = 3  # the writes' scatter is known from this many intervals: two give one degree of freedom
 STEP_SHARE = 0.5  # nor one whose writes make less than this share of the fill (noise on a steady writer)
 
 Points = Sequence[tuple[float, float]]
@@ -90,6 +91,8 @@ def stepped_eta(pts: Points, found: Sequence, background: float, rate: float, no
     # its size and its time: one that comes a fraction of a period early brings that fraction of a mean
     # write early, so both are bytes (nbytes * spread).
     n = min(len(done), len(gaps))
+    if n < EARLY_FROM:
+        return Stepped(eta, error, eta)
     early = _first_short(avail, at - now, every, background, nbytes, write, nbytes,
                          lambda k: LOW_ERRORS * nbytes * spread * math.sqrt((k + 1) + (k + 1) ** 2 / n))
     return Stepped(eta, error, eta if early is None else min(early[1], eta))
