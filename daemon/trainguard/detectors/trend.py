@@ -32,7 +32,6 @@ from trainguard.detectors.despike import despiked
 from trainguard.detectors.fit import (
     MIN_POINTS,
     Points,
-    consumption,
     least_squares,
     noise,
     regime,
@@ -85,16 +84,6 @@ def _cleanup_regime(pts: Points, cycles: Sequence[sawtooth.Cycle], gross: float,
                  cleanup_low=nxt.low if nxt.eta is None else None, evidence=evidence, cycles=tuple(cycles),
                  next_cleanup_in=nxt.next_in, eta_without_cleanup=nxt.eta_without, cleanup_missed=nxt.stopped,
                  eta_error=nxt.error, eta_early=nxt.early)
-
-
-def _plain(pts: Points, cycles: tuple) -> Trend:
-    """The plain full-window fit: one robust line through the window as it is, no cleanup counted on;
-    its evidence is the window, from the last gap in it on."""
-    rate = consumption(pts) or 0.0
-    span = pts[-1][0] - pts[0][0]
-    gap = _seen_since(pts)
-    return Trend(slope=rate, span=span, points=len(pts), eta=pts[-1][1] / rate if rate > 0 else None,
-                 evidence=span if gap is None else max(pts[-1][0] - gap, 1.0), cycles=cycles)
 
 
 def _line(pts: Points, cycles: tuple) -> Trend | None:
@@ -196,4 +185,8 @@ def _forecast(pts: Points, whole: Points, dropped: bool, cycles: tuple, rate: fl
     rhythm = _cleanup_regime(pts, cycles, rate, evidence, size, largest_write, now, arriving)
     if may_postpone(cycles, rate, size, largest_write, noise(whole), pts[-1][1], rhythm.next_cleanup_in):
         return rhythm, True
-    return no_later(rhythm, _plain(whole, cycles)), False
+    # Not counted on, the rhythm alerts no later than the plain line through the window, taken at now as
+    # predict_linear takes it: at a saw-tooth's low the newest sample is a cleanup's depth under that line,
+    # and a line through it put a GC at its mark "full in 4 h" at every low.
+    line = _line(whole, cycles)
+    return (dataclasses.replace(rhythm, bounded=True) if line is None else no_later(rhythm, line)), False
