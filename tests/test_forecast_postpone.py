@@ -13,7 +13,7 @@ import pytest
 from trainguard.config import Forecast
 from trainguard.detectors.forecast import fill_trend, follow_trend, level
 from trainguard.detectors.postpone import may_postpone
-from trainguard.detectors.sawtooth import Cycle
+from trainguard.detectors.sawtooth import Cycle, late_after
 from trainguard.store.history import History
 
 from tests.support.plain_fit import plain_eta
@@ -167,6 +167,33 @@ def test_a_rhythm_not_counted_on_alerts_by_the_plain_line_taken_at_now_not_at_a_
     window = [p for p in pts if p[0] >= now - CFG.window]
     trend = fill_trend(window, 160 * GB, now, CFG.window, CFG.min_span, tuple(cycles))
     assert plain_warns(window) and level(trend, CFG) is not None
+
+
+def test_a_cleanup_past_its_time_and_past_the_level_that_brings_it_does_not_postpone():
+    # A timer every 7 h on a 193 GB disk frees 79 GB back to 112 GB free, twice, and stops. With one period
+    # seen its next may come twice later, and an overdue one counted as due now kept the rhythm "keeping
+    # up" until the disk was full: no warning at all. Past its time and under its lows by their
+    # allowance, neither time nor level brought it, and the plain line decides.
+    size, period, top, freed = 193 * GB, 7.04 * H, 112 * GB, 79 * GB
+    rate, first = freed / period, 1.7 * H
+    cleanups = (first, first + period)
+    full_at = cleanups[-1] + top / rate
+
+    def avail(t: float) -> float:
+        since = t - max((c for c in cleanups if c <= t), default=first - period)
+        return top - rate * since
+
+    cycles = tuple(Cycle(c, top - freed, freed) for c in cleanups)
+    due = cleanups[-1] + period
+    # Late past a tenth of its one period and at 5 GB free, or at 30 GB (above its lows less their allowance
+    # of 30 % of what they free, 9.3 GB), or 5 % of a period late.
+    for free, late, postpones in ((5 * GB, 0.11, False), (30 * GB, 0.11, True), (5 * GB, 0.05, True)):
+        is_late = due + late * period >= late_after(cycles)
+        assert may_postpone(cycles, rate, size, 0.0, 0.01 * GB, free, 0.0, is_late) is postpones
+    alerted, _ = from_a_fresh_start(avail, size, full_at)
+    after = [t for t in alerted if t > cleanups[-1] + period]  # from the missed cleanup on
+    assert after and full_at - after[0] > 0.4 * H and full_at - after[-1] < 120.0, (after[:1], full_at)
+    assert len(after) == int((after[-1] - after[0]) // 60) + 1  # one episode, on until full
 
 
 # ---- warm-up: a rhythm seen for a period or two ----------------------------------------------------------

@@ -36,7 +36,7 @@ MAX_ERROR = 0.1  # relative ETA error beyond which an alert counts on no earlier
 
 
 def may_postpone(cycles: Sequence[Cycle], gross: float, size: float, largest_write: float, noise: float,
-                 latest: float, next_in: float) -> bool:
+                 latest: float, next_in: float, late: bool = False) -> bool:
     """Whether the learned rhythm may postpone a forecast: the rhythm it implies keeps the disk from filling.
     - every cleanup freed more than NOISE_WIDTHS of the samples' jitter: a dip of a few noise widths is noise;
     - what they free covers what the writer fills (`gross` bytes/s) in their mean period, short by no more
@@ -49,7 +49,10 @@ def may_postpone(cycles: Sequence[Cycle], gross: float, size: float, largest_wri
       scatter once (the rule above asks twice before it counts as a loss) and the cleanups free less
       than is written, by more than ERRORS standard errors of their mean (no faster than that
       shortfall), the disk holds for HOLDS at least: lows 800, 510, 220 GB of a daily cleanup that
-      frees 1 TB are a disk full before the next one."""
+      frees 1 TB are a disk full before the next one;
+    - a cleanup that is `late` (past its periods scatter, sawtooth.late_after, and not seen coming) is
+      counted on as due now only while the disk is above the level that brings it: past both, neither
+      brought it."""
     if len(cycles) < 2 or gross <= 0 or min(c.freed for c in cycles) < NOISE_WIDTHS * noise:
         return False
     share = allowance(cycles, size, largest_write)
@@ -74,6 +77,8 @@ def may_postpone(cycles: Sequence[Cycle], gross: float, size: float, largest_wri
     # by its level (a GC at a mark whose writer runs faster this period triggers sooner, not later), as
     # next_low counts on.
     floor = level_floor(cycles, size, largest_write)
+    if late and latest < floor:
+        return False  # past its time and past the level that brings it: neither brought the cleanup
     first_in = min(next_in, (latest - floor) / gross) if latest > floor and loss == 0 else next_in
     forward = run_forward(latest, gross, loss, first_in, every)
     return held and (forward is None or forward >= HOLDS)

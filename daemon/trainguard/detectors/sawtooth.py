@@ -96,16 +96,27 @@ def allowance(cycles: Sequence[Cycle], size: float, largest_write: float) -> flo
 
 
 def missed_after(cycles: Sequence[Cycle]) -> float:
-    """When the next cleanup is later than the rhythm's periods scatter (three robust widths of them past
-    their median, or LATE of one where they hardly scatter; ONE_PERIOD_LATE where one period is all that
-    was seen): then its time has passed. Robust: a cleanup seen only after a restart's downtime came
-    "late" once without the rhythm being any looser."""
+    """When the next cleanup is later than the rhythm's periods scatter (`late_after`; ONE_PERIOD_LATE where
+    one period is all that was seen): then its time has passed."""
+    if len(cycles) < 3:
+        return cycles[-1].ts + (cycles[-1].ts - cycles[0].ts) * (1 + ONE_PERIOD_LATE)
+    return late_after(cycles)
+
+
+def late_after(cycles: Sequence[Cycle]) -> float:
+    """When the next cleanup is later than the periods scatter: three robust widths of them past their
+    median, or LATE of one where they hardly scatter (or where one period is all that was seen). Robust: a
+    cleanup seen only after a restart's downtime came "late" once without the rhythm being any looser."""
     periods = [b.ts - a.ts for a, b in zip(cycles, cycles[1:])]
     every = statistics.median(periods)
-    if len(periods) < 2:
-        return cycles[-1].ts + every * (1 + ONE_PERIOD_LATE)
     spread = 1.4826 * statistics.median(abs(p - every) for p in periods)
     return cycles[-1].ts + every + max(3 * spread, LATE * every)
+
+
+def may_be_coming(cycles: Sequence[Cycle], arriving: float) -> bool:
+    """Whether a rise at the newest samples not counted yet (`arriving` bytes) may be the next cleanup: half
+    what one frees or more (less is an outlier's size)."""
+    return arriving >= 0.5 * statistics.median(c.freed for c in cycles)
 
 
 def level_floor(cycles: Sequence[Cycle], size: float, largest_write: float) -> float:
@@ -170,8 +181,8 @@ def next_low(cycles: Sequence[Cycle], latest: float, gross: float, size: float, 
     lowest = min(c.low for c in cycles)
     below = latest < level_floor(cycles, size, largest_write)
     longest = max(b.ts - a.ts for a, b in zip(cycles, cycles[1:]))
-    coming = arriving >= 0.5 * frees
-    if below and not coming and (now >= missed_after(cycles) or now + eta_without < last + longest):
+    if below and not may_be_coming(cycles, arriving) and (
+            now >= missed_after(cycles) or now + eta_without < last + longest):
         # Neither its level nor its time brought the cleanup (or the disk is full before even its
         # latest time): it may have stopped, so count on none.
         return NextLow(eta_without, next_in, eta_without, every, frees, lowest, stopped=True)
