@@ -426,6 +426,8 @@ def draw(family: str, seed: int) -> Trace:
     drawn = FAMILIES[family](rng)
     while family in NEVER and min(drawn["avail"]) < 0.01 * drawn["size"]:
         drawn = FAMILIES[family](rng)  # a jitter that would fill the disk: this one fills; draw again
+    while family in FILLING and _full(drawn["avail"]) is None:
+        drawn = FAMILIES[family](rng)  # a jitter that leaves it short of full at the end: scored as neither
     size = drawn["size"]
     avail = drawn["avail"]
     filling = family in FILLING
