@@ -161,7 +161,7 @@ def test_a_rhythm_not_counted_on_alerts_by_the_plain_line_taken_at_now_not_at_a_
         window = [p for p in pts if p[0] >= now - CFG.window]
         assert not plain_warns(window)
         trend = fill_trend(window, 160 * GB, now, CFG.window, CFG.min_span, tuple(cycles))
-        assert level(trend, CFG) is None, (now_low / GB, trend.eta)
+        assert trend.bounded and level(trend, CFG) is None, (now_low / GB, trend.eta)  # refused, and quiet
     # Each low 4 GB under the one before (36 GB freed of the 40 GB a period writes): the plain line warns,
     # and so does the daemon.
     sinking = [80 * GB - 4 * GB * k for k in range(16)]

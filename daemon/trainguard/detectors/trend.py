@@ -183,8 +183,8 @@ def _forecast(pts: Points, whole: Points, dropped: bool, cycles: tuple, rate: fl
                      eta_early=None if grown is None else min(grown, eta)), False
     largest_write = max((s.nbytes for s in steps(pts, size)[0]), default=0.0)
     rhythm = _cleanup_regime(pts, cycles, rate, evidence, size, largest_write, now, arriving)
-    # One called stopped counts on no cleanup: it postpones nothing, and is the earlier alert.
     late = now >= sawtooth.late_after(cycles) and not sawtooth.may_be_coming(cycles, arriving)
+    # One called stopped counts on no cleanup: it postpones nothing, and is the earlier alert.
     if rhythm.cleanup_missed or may_postpone(cycles, rate, size, largest_write, noise(whole), pts[-1][1],
                                              rhythm.next_cleanup_in, late):
         return rhythm, True
