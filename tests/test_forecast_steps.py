@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 from trainguard import config as configmod
 from trainguard.detectors import forecast
+from trainguard.detectors import staircase as staircase_module
+from trainguard.detectors.sawtooth import LOW_ERRORS
 from trainguard.detectors.fit import regime
 from trainguard.detectors.steps import steps
 from trainguard.detectors.trend import fill_trend
@@ -14,6 +19,7 @@ from trainguard.detectors.trend import fill_trend
 from tests.support.plain_fit import plain_eta
 
 GB = 1e9
+H = 3600.0
 SIZE = 1000 * GB
 
 
@@ -184,3 +190,40 @@ def test_halves_of_a_staircase_a_write_apart_are_one_regime_and_a_stop_is_seen_a
     assert rate * 3600 > 10 * GB
     rate, evidence = regime_at(16800.0 + 2 * longest + 600)
     assert rate * 3600 == pytest.approx(3.6 * GB, rel=0.1) and evidence == pytest.approx(2 * longest + 600, abs=60)
+
+
+def test_the_earliest_eta_of_bursts_is_not_before_the_last_write_that_fits():
+    """Bursts of logs, four seen in the window (+-50 % in size and time) on a disk their pace fills in 11 h
+    (58 GB free, 5.7 GB every 1.25 h on 0.65 GB/h): the margin for the mean learned from four grows by a
+    step each write, and the disk at its bound is just under zero before the seventh while the sixth still
+    fit. Full after the sixth, 7.5 h on, not 4.6 h: that deficit was read as the background's, 4 h of it."""
+    spread, nbytes = 0.326, 5.70 * GB
+    k, eta = staircase_module._first_short(
+        57.68 * GB, 1.25 * H, 1.25 * H, 0.651 * GB / H, nbytes, 120.0, nbytes,
+        lambda k: LOW_ERRORS * nbytes * spread * math.sqrt((k + 1) + (k + 1) ** 2 / 4))
+    assert k == 6 and 1.25 * H + 5 * 1.25 * H + 120.0 <= eta < 1.25 * H + 6 * 1.25 * H
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(avail=st.floats(1 * GB, 500 * GB), first_in=st.floats(0.0, 3 * H), every=st.floats(600.0, 3 * H),
+       background=st.floats(0.0, 2 * GB / H), nbytes=st.floats(0.5 * GB, 30 * GB), share=st.floats(0.0, 0.8),
+       steps_of_margin=st.lists(st.floats(0.0, 20 * GB), min_size=1, max_size=8))
+def test_the_write_that_does_not_fit_comes_after_every_write_that_does(avail, first_in, every, background, nbytes,
+                                                                          share, steps_of_margin):
+    """Whatever the margin (growing by steps, as the error of a mean times the writes to come): the disk is full
+    no earlier than the end of the last write whose free space before it, at that margin, held the room for
+    it, and by the write that found less. Checked against the free space before each write worked out here."""
+    write = share * every
+
+    def margin(k: int) -> float:
+        return sum(steps_of_margin[:k + 1]) + steps_of_margin[-1] * max(k + 1 - len(steps_of_margin), 0)
+
+    found = staircase_module._first_short(avail, first_in, every, background, nbytes, write, nbytes, margin)
+    assume(found is not None)
+    k, eta = found
+    before = [avail - background * (first_in + j * every) - j * nbytes - margin(j) for j in range(k + 1)]
+    assert all(free >= nbytes for free in before[:k]) and before[k] < nbytes
+    ulp = 1e-9 * (first_in + k * every)  # the times are summed a period at a time
+    if k > 0:
+        assert eta >= first_in + (k - 1) * every + write - ulp
+    assert eta <= first_in + k * every + write + ulp

@@ -106,7 +106,10 @@ def _first_short(avail: float, first_in: float, every: float, background: float,
     for k in range(int(avail / nbytes) + 2):
         free = avail - background * at - k * nbytes - margin(k)  # just before write k
         if free <= 0:
-            return k, (max(at + free / background, 0.0) if background > 0 else at)
+            # Full between the writes: by the background since the last write that fitted, not before
+            # it (the margin grows by a step each write, which the background does not explain).
+            after = at - every + write if k > 0 else 0.0
+            return k, (max(at + free / background, after) if background > 0 else at)
         if free < room:
             return k, at + write * min(free / nbytes, 1.0)
         at += every
