@@ -255,13 +255,7 @@ def bursty_logs(rng: random.Random) -> dict:
     burst, burst_every = size * rng.uniform(0.002, 0.02), rng.uniform(0.5, 3) * H
     rotate = rng.uniform(2, 24) * H
     pace = base + burst / burst_every
-    written_max = pace * rotate * 1.3
-    free = written_max + 1.5 * 6 * H * pace * rng.uniform(1.0, 3.0)
-    if free > 0.99 * size:
-        # Too much for this disk: it writes less (clamping the free space instead would leave a disk that
-        # does look like a fill, hours from full with no rotation seen in a day).
-        scale = 0.99 * size / free
-        base, burst, free = base * scale, burst * scale, 0.99 * size
+    free = pace * rotate * 1.3 + 1.5 * 6 * H * pace * rng.uniform(1.0, 3.0)
     bursts = {int(t / STEP) for t in _ticks(rng, burst_every, NEVER_HOURS * H)}
     rotations = {int(t / STEP) for t in _ticks(rng, rotate, NEVER_HOURS * H)}
     since = [0.0]
@@ -274,8 +268,19 @@ def bursty_logs(rng: random.Random) -> dict:
         since[0] += max(w, 0.0)
         return w
 
-    avail = _run(int(NEVER_HOURS * H / STEP), free, per_step)
+    written = [-v for v in _run(int(NEVER_HOURS * H / STEP), 0.0, per_step)]
+    avail = _lowest_at(written, 1.5 * 6 * H * pace, free, size)
     return dict(size=size, avail=avail, params=dict(rotate_h=rotate / H, burst_every_h=burst_every / H))
+
+
+def _lowest_at(written: list[float], margin: float, free: float, size: float) -> list[float]:
+    """Free space from `free` less what is `written` by each step, starting higher where the writes add up to
+    more than `free` less `margin` (bursts and periods drawn long together): the lowest point is `margin`
+    from full at least. Too much for the disk, it writes less, scaled: clamping the free space instead would
+    leave a disk that does look like a fill, hours from full with no rotation seen in a day."""
+    free = max(free, max(written) + margin)
+    scale = min(1.0, 0.99 * size / free)
+    return [scale * (free - w) for w in written]
 
 
 def _ticks(rng: random.Random, every: float, end: float) -> list[float]:

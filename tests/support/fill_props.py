@@ -268,9 +268,6 @@ def _logs(p: dict) -> Disk:
     base, burst, burst_every, rotate = size * p["base"] / H, size * p["burst"], p["burst_every"], p["rotate"]
     pace = base + burst / burst_every
     free = pace * rotate * 1.3 + 1.5 * CFG.window * pace * p["room"]
-    if free > 0.99 * size:
-        scale = 0.99 * size / free
-        base, burst, free = base * scale, burst * scale, 0.99 * size
     bursts = {int(t / STEP) for t in _ticks(rng.uniform(0.1, 1.0) * burst_every, burst_every, 0.3, end, rng)}
     rotations = {int(t / STEP) for t in _ticks(rng.uniform(0.1, 1.0) * rotate, rotate, 0.3, end, rng)}
     since = [0.0]
@@ -283,7 +280,13 @@ def _logs(p: dict) -> Disk:
         since[0] += max(w, 0.0)
         return w
 
-    return Disk(size, _run(int(end / STEP), free, per_step))
+    # Bursts and periods drawn long together write more than `free` allows for: it starts higher, so that the
+    # lowest point keeps its margin; too much for the disk, it writes less, scaled (a free space clamped
+    # instead would look like a fill, hours from full with no rotation seen in a day).
+    written = [-v for v in _run(int(end / STEP), 0.0, per_step)]
+    free = max(free, max(written) + 1.5 * CFG.window * pace)
+    scale = min(1.0, 0.99 * size / free)
+    return Disk(size, tuple(scale * (free - w) for w in written))
 
 
 def _stopping(p: dict) -> Disk:
