@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from trainguard import config as configmod
 from trainguard.detectors import forecast
 from trainguard.detectors import staircase as staircase_module
-from trainguard.detectors.sawtooth import LOW_ERRORS
 from trainguard.detectors.fit import regime
+from trainguard.detectors.sawtooth import LOW_ERRORS
 from trainguard.detectors.steps import steps
 from trainguard.detectors.trend import fill_trend
 

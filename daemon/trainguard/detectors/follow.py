@@ -20,10 +20,10 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from trainguard.detectors import sawtooth
+from trainguard.detectors import sawtooth, staircase
 from trainguard.detectors.fit import Points, noise
 from trainguard.detectors.steps import DROP_FRACTION, Step, steps
-from trainguard.detectors.trend import GAP, Trend, fill_trend
+from trainguard.detectors.trend import GAP, Trend, fill_trend, window_writes
 
 REFIT_EVERY = 600.0  # seconds a carried trend lives at most
 SETTLE = 60.0  # after news (a write, a deletion in progress), fit once more this much later
@@ -48,11 +48,15 @@ class Fit:
     background: float = 0.0
     line: float = 0.0  # bytes/s the free space falls between news: the trend's rate, or between steps
     checked_ts: float = float("-inf")  # the newest sample found on the line since the full fit
+    writes: tuple = ()  # staircase.Write remembered so far, kept across fits
 
 
 def _full(prev: Fit | None, pts: Points, size: float, now: float, cfg, news: bool) -> Fit:
     known = prev.cycles if prev is not None else ()
-    trend = fill_trend(pts, size, now, cfg.window, cfg.min_span, known)
+    known_writes = prev.writes if prev is not None else ()
+    trend = fill_trend(pts, size, now, cfg.window, cfg.min_span, known, known_writes)
+    writes = staircase.remember(known_writes, staircase.seen(pts, window_writes(pts, size)[0], GAP), now) \
+        if len(pts) > 3 else known_writes
     found, background = steps(pts, size)
     last_ts = pts[-1][0] if pts else now
     slope = trend.slope if trend is not None else 0.0
@@ -86,7 +90,7 @@ def _full(prev: Fit | None, pts: Points, size: float, now: float, cfg, news: boo
     tolerance = min(DROP_FRACTION * size / 2,
                     max(NOISE_FACTOR * noise(pts), ETA_SHARE * max(anchor, 0.0), 1.0))
     return Fit(trend, now, last_ts, anchor, size, tolerance, floor, min(refit), cycles, tuple(found), background,
-               slope)
+               slope, writes=writes)
 
 
 def _step_overdue(found: Sequence[Step], now: float) -> float:
@@ -125,15 +129,21 @@ def _carried(prev: Fit, now: float) -> Trend:
 
 
 def seeded(rows: Sequence[tuple[float, float, float]]) -> Fit:
-    """A Fit with no trend yet that hands cleanup cycles learned earlier ((ts, low, freed) rows: from the
-    state database at start, or kept over a sample that could not be read) to the next full fit."""
-    cycles = tuple(sawtooth.Cycle(*row) for row in rows)
-    return Fit(None, float("-inf"), float("-inf"), 0.0, 0.0, 0.0, float("-inf"), float("-inf"), cycles)
+    """A Fit with no trend yet that hands what earlier fits learned (`learned` rows: from the state database
+    at start, or kept over a sample that could not be read) to the next full fit."""
+    cycles = tuple(sawtooth.Cycle(*row) for row in rows if row[2] > 0)
+    writes = tuple(staircase.Write(ts, -freed, after) for ts, after, freed in rows if freed < 0)
+    return Fit(None, float("-inf"), float("-inf"), 0.0, 0.0, 0.0, float("-inf"), float("-inf"), cycles,
+               writes=writes)
 
 
 def learned(fit: Fit | None) -> tuple[tuple[float, float, float], ...]:
-    """The cleanup cycles a Fit holds, as plain (ts, low, freed) rows for the state database."""
-    return tuple((c.ts, c.low, c.freed) for c in fit.cycles) if fit is not None else ()
+    """What a Fit learned, as plain rows for the state database: each cleanup cycle (ts, low, freed), and
+    each write remembered as (start, after, -nbytes) (a cleanup frees bytes, a write takes them)."""
+    if fit is None:
+        return ()
+    return tuple(sorted([*((c.ts, c.low, c.freed) for c in fit.cycles),
+                         *((w.start, w.after, -w.nbytes) for w in fit.writes)]))
 
 
 def follow_trend(prev: Fit | None, read: Reader, size: float, now: float, cfg) -> tuple[Trend | None, Fit]:

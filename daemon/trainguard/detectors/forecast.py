@@ -29,7 +29,7 @@ def mount_trend(sample: FsSample, history: History, cfg: Forecast, now: float,
     (detectors.follow). No trend for a mount without usable usage, but the cleanup cycles learned so
     far are kept: one unreadable sample must not forget a daily cleanup."""
     if not sample.responsive or sample.usage is None or sample.usage.size_bytes <= 0:
-        return None, (seeded(learned(prev)) if prev is not None and prev.cycles else None)
+        return None, (seeded(learned(prev)) if prev is not None and (prev.cycles or prev.writes) else None)
     name = f"fs.avail_bytes:{sample.mount.mount_point}"
     return follow_trend(prev, lambda since: history.points(name, since), sample.usage.size_bytes, now, cfg)
 

@@ -13,20 +13,30 @@ writes still to come bring (their scatter in size and in time adds up as a rando
 the learned mean as many times over as there are writes), and the warning counts on that. Writes that
 scatter by half their size and period (saves at evaluations, epochs of uneven length) are a rhythm too:
 their early ETA is well before the central one, as far as their scatter says.
+
+A 6 h window holds three to five writes an hour or two apart, and a run of small or late ones moves their
+mean by half: the disk read 9.5 h from full where 5 were left, and the warning went off. So the writes
+are remembered for a day (`remember`: plain rows the caller passes back, kept in the state database like
+the cleanup cycles), and where the window's pace is within LOW_ERRORS standard errors of theirs (as they
+scatter) they are the same writer's: its rhythm, known from them all, forecasts too, and the alert comes
+no later than either says. A pace further off is another writer (or the same one, saving less): the
+window alone decides.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from trainguard.detectors.sawtooth import LOW_ERRORS
+from trainguard.detectors.sawtooth import LOW_ERRORS, MEMORY
 
 MAX_STEP_ERROR = 0.4  # a checkpoint rhythm whose mean is less certain than this is not one (bursts)
 EARLY_FROM = 3  # the writes' scatter is known from this many intervals: two give one degree of freedom
 STEP_SHARE = 0.5  # nor one whose writes make less than this share of the fill (noise on a steady writer)
+MAX_WRITES = 96  # writes remembered at most (a day of saves every 15 min)
 
 Points = Sequence[tuple[float, float]]
 
@@ -50,50 +60,140 @@ def _ongoing(pts: Points, found: Sequence) -> bool:
         and found[-1].nbytes < 0.7 * statistics.fmean(s.nbytes for s in found[:-1])
 
 
-def stepped_eta(pts: Points, found: Sequence, background: float, rate: float, now: float) -> Stepped | None:
-    """The forecast of a checkpoint rhythm (`found`: steps.Step, at least 3, none the window cuts into)
-    that explains the rate; None without such a rhythm."""
-    # Means over the window, not medians: saves jitter in size and time around a steady pace, and the
-    # mean of a few is the closer estimate of it (the median of five was 5 % off where the mean was 3 %).
-    every = (found[-1].start - found[0].start) / (len(found) - 1)
+@dataclass(frozen=True, slots=True)
+class Write:
+    start: float  # when a checkpoint-sized write began
+    nbytes: float  # what it wrote
+    after: float  # seconds since the write before it, where both were watched (0: not known)
+
+
+def seen(pts: Points, found: Sequence, gap: float) -> tuple[Write, ...]:
+    """The window's writes (steps.Step, none the window cuts into) as remembered: each with the interval
+    from the one before it, unless the samples between them have a gap (the daemon was down: a write
+    may have come unseen)."""
+    times = [t for t, _ in pts]
+    out = []
+    for i, step in enumerate(found):
+        after = 0.0
+        if i > 0:
+            lo, hi = bisect.bisect_left(times, found[i - 1].start), bisect.bisect_right(times, step.start)
+            if all(b - a <= gap for a, b in zip(times[lo:hi], times[lo + 1:hi])):
+                after = step.start - found[i - 1].start
+        out.append(Write(step.start, step.nbytes, after))
+    return tuple(out)
+
+
+def remember(known: Sequence[Write], seen_now: Sequence[Write], now: float) -> tuple[Write, ...]:
+    """The writes to judge the writer's pace by: those the window shows (a write's time moves by up to a
+    history bucket as its samples are averaged: within 5 min it is the same one, and the interval known
+    for it stays), and those remembered before it, for MEMORY and no later than now."""
+    out = []
+    for w in seen_now:
+        same = next((k for k in known if abs(k.start - w.start) <= 300.0), None)
+        out.append(w if w.after or same is None else Write(w.start, w.nbytes, same.after))
+    older = [k for k in known if k.start <= now and all(abs(k.start - w.start) > 300.0 for w in seen_now)]
+    return tuple(w for w in sorted([*older, *out], key=lambda w: w.start)[-MAX_WRITES:] if now - MEMORY <= w.start)
+
+
+def stepped_eta(pts: Points, found: Sequence, background: float, rate: float, now: float,
+                known: Sequence[Write] = ()) -> Stepped | None:
+    """The forecast of a checkpoint rhythm (`found`: steps.Step, none the window cuts into; at least 3, or 2
+    beside writes remembered) that explains the rate; None without such a rhythm. `known`: the writes
+    remembered (`remember`); where they agree with the window's pace they are the writer's pace learned
+    from more writes, and the alert comes no later than they say."""
+    if found[-1].start <= found[0].start:
+        return None
     # A write still going on at the end is seen in part: it is not a size, and the rest of it is to come.
     ongoing = _ongoing(pts, found)
     done = found[:-1] if ongoing and len(found) > 3 else found
-    nbytes = statistics.fmean(s.nbytes for s in done)
-    if every <= 0 or abs(nbytes / every + background - rate) > 0.3 * rate or nbytes / every < STEP_SHARE * rate:
-        return None
     write = statistics.median(s.end - s.start for s in done)
     if ongoing:  # what it has written so far: since the sample before it, less the background
         before = next(v for t, v in reversed(pts) if t <= found[-1].start)
-        seen = before - pts[-1][1] - background * (pts[-1][0] - found[-1].start)
-    avail = pts[-1][1] - (max(nbytes - seen, 0.0) if ongoing else 0.0)
-    at = found[-1].start + every
+        seen_so_far = before - pts[-1][1] - background * (pts[-1][0] - found[-1].start)
+    gaps = [b.start - a.start for a, b in zip(found, found[1:])]
+    sizes = [s.nbytes for s in done]
+    largest = 1.1 * max(sizes)  # of the window's writes: the writer as it is now
+
+    def forecast(sizes: Sequence[float], gaps: Sequence[float], fill: float) -> Stepped | None:
+        """The rhythm of these writes run forward, where it is one and explains the `fill` (bytes/s: the
+        regime's rate, within 30 %, and the writes half of it at least: not noise on a steady writer)."""
+        # Means, not medians: saves jitter in size and time around a steady pace, and the mean of a few is
+        # the closer estimate of it (the median of five was 5 % off where the mean was 3 %).
+        if len(gaps) < 2 or _spread(sizes, gaps) / math.sqrt(len(gaps)) > MAX_STEP_ERROR:
+            return None  # sizes or intervals all over the place: bursts, not a checkpoint rhythm
+        nbytes, every = statistics.fmean(sizes), statistics.fmean(gaps)
+        if abs(nbytes / every + background - fill) > 0.3 * fill or nbytes / every < STEP_SHARE * fill:
+            return None
+        avail = pts[-1][1] - (max(nbytes - seen_so_far, 0.0) if ongoing else 0.0)
+        return _run(avail, _next_in(found[-1].start, every, now), every, background, nbytes, write, largest,
+                    _spread(sizes, gaps), len(gaps), min(len(sizes), len(gaps)))
+
+    mine = forecast(sizes, gaps, rate)
+    # The day's writes are the same writer's where they agree with the window's (`_same_writer`): their
+    # pace is the fill, the window's rate a few writes' estimate of it.
+    pooled = _same_writer(known, found[0].start, sizes, gaps)
+    learned = forecast(*pooled, statistics.fmean(pooled[0]) / statistics.fmean(pooled[1]) + background) \
+        if pooled is not None else None
+    if learned is None:
+        return mine
+    # Known from the day's writes, a rhythm the window's few call bursts is one; the alert comes no later
+    # than the window alone says (its rate, where it sees no rhythm).
+    eta = mine.eta if mine is not None else pts[-1][1] / rate
+    early = mine.early if mine is not None else eta
+    return Stepped(min(eta, learned.eta), learned.error if learned.eta <= eta or mine is None else mine.error,
+                   min(early, learned.early))
+
+
+def _same_writer(known: Sequence[Write], first: float, sizes: Sequence[float],
+                 gaps: Sequence[float]) -> tuple[list[float], list[float]] | None:
+    """(sizes, intervals) of the writes remembered from before the window (its first write at `first`) and
+    the window's, where they are the same writer's: the window's pace within LOW_ERRORS standard errors of
+    theirs, as they scatter (a few writes in a window move their mean by half, by chance). None where
+    there are none, or the pace changed (another writer, or the same one saving less)."""
+    older = [w for w in known if w.start < first - 300.0]
+    all_sizes = [w.nbytes for w in older] + list(sizes)
+    all_gaps = [w.after for w in older if w.after > 0] + list(gaps)
+    if not older or len(all_gaps) < 2:
+        return None
+    pace = statistics.fmean(all_sizes) / statistics.fmean(all_gaps)
+    if abs(statistics.fmean(sizes) / statistics.fmean(gaps) - pace) \
+            > LOW_ERRORS * pace * _spread(all_sizes, all_gaps) / math.sqrt(len(gaps)):
+        return None
+    return all_sizes, all_gaps
+
+
+def _spread(sizes: Sequence[float], gaps: Sequence[float]) -> float:
+    """The relative scatter of a write in bytes: of its size and of its time (a write that comes a fraction
+    of a period early brings that fraction of a mean write early)."""
+    return math.hypot(statistics.stdev(sizes) / statistics.fmean(sizes), statistics.stdev(gaps) / statistics.fmean(gaps))
+
+
+def _next_in(last: float, every: float, now: float) -> float:
+    at = last + every
     while at < now:
         at += every
-    gaps = [b.start - a.start for a, b in zip(found, found[1:])]
-    of_size = statistics.stdev(s.nbytes for s in done)
-    spread = math.hypot(of_size / nbytes, statistics.stdev(gaps) / every)
-    if spread / math.sqrt(len(gaps)) > MAX_STEP_ERROR:
-        return None  # sizes or intervals all over the place: bursts, not a checkpoint rhythm
+    return at - now
+
+
+def _run(avail: float, first_in: float, every: float, background: float, nbytes: float, write: float,
+         largest: float, spread: float, intervals: int, n: int) -> Stepped | None:
+    """The staircase run forward from `avail`: the writes of `nbytes` (the largest seen `largest`) every
+    `every`, their scatter `spread`, learned from `intervals` intervals and `n` writes."""
     # The write that will not fit: one of the largest size seen may come next, and the free space before
     # it is known only to a few per cent (the background, the jitter of the sizes): the earlier write.
-    largest = 1.1 * max(s.nbytes for s in done)
-    central = _first_short(avail, at - now, every, background, nbytes, write, largest, lambda k: 0.0)
+    central = _first_short(avail, first_in, every, background, nbytes, write, largest, lambda k: 0.0)
     if central is None:
         return None
     k, eta = central
-    # The ETA's error: that of the mean size and period learned from the window's steps, and the
-    # scatter of the k + 1 writes still to come (their sizes and intervals add up as they come).
-    # Scatter measured on a few steps is itself uncertain: widened by Student's t for their number.
-    error = spread * math.sqrt(1 / len(gaps) + 1 / (k + 1)) * _few(len(gaps) - 1)
+    # The ETA's error: that of the mean size and period learned from the steps, and the scatter of the
+    # k + 1 writes still to come (their sizes and intervals add up as they come). Scatter measured on a
+    # few steps is itself uncertain: widened by Student's t for their number.
+    error = spread * math.sqrt(1 / intervals + 1 / (k + 1)) * _few(intervals - 1)
     # The earliest: the free space less LOW_ERRORS standard errors of what writes 0..k bring summed (their
-    # scatter as a random walk, and k + 1 times the error of the learned mean). A write's scatter counts
-    # its size and its time: one that comes a fraction of a period early brings that fraction of a mean
-    # write early, so both are bytes (nbytes * spread).
-    n = min(len(done), len(gaps))
+    # scatter as a random walk, and k + 1 times the error of the learned mean), in bytes (nbytes * spread).
     if n < EARLY_FROM:
         return Stepped(eta, error, eta)
-    early = _first_short(avail, at - now, every, background, nbytes, write, nbytes,
+    early = _first_short(avail, first_in, every, background, nbytes, write, nbytes,
                          lambda k: LOW_ERRORS * nbytes * spread * math.sqrt((k + 1) + (k + 1) ** 2 / n))
     return Stepped(eta, error, eta if early is None else min(early[1], eta))
 

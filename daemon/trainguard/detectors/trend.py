@@ -104,21 +104,28 @@ def _seen_since(pts: Points) -> float | None:
     return next((b[0] for a, b in zip(reversed(pts[:-1]), reversed(pts[1:])) if b[0] - a[0] > GAP), None)
 
 
-def _stepped(pts: Points, size: float, rate: float, now: float) -> staircase.Stepped | None:
-    """The staircase forecast (detectors.staircase) where the window shows a checkpoint rhythm."""
+def window_writes(pts: Points, size: float) -> tuple[list, float]:
+    """(the window's checkpoint-sized writes, steps.Step, none the window cuts into; the background rate)."""
     # Writes smaller than a deletion-sized share of the disk are a rhythm too: counted by them, the disk
     # is full during the write that does not fit, up to a period before a line through them says.
     found, background = steps(pts, size, least=0.0)
-    found = [s for s in found if s.start > pts[min(3, len(pts) - 1)][0]]  # not one the window cuts into
-    if len(found) < 3:
+    return [s for s in found if s.start > pts[min(3, len(pts) - 1)][0]], background
+
+
+def _stepped(pts: Points, size: float, rate: float, now: float,
+             remembered: Sequence[staircase.Write]) -> staircase.Stepped | None:
+    """The staircase forecast (detectors.staircase) where the window shows a checkpoint rhythm."""
+    found, background = window_writes(pts, size)
+    if len(found) < (2 if remembered else 3):  # two and the day's writes: one interval, their rhythm
         return None
-    return staircase.stepped_eta(pts, found, background, rate, now)
+    return staircase.stepped_eta(pts, found, background, rate, now, remembered)
 
 
 def fill_trend(avail: Points, size: float, now: float, window: float, min_span: float,
-               known: Sequence[sawtooth.Cycle] = ()) -> Trend | None:
+               known: Sequence[sawtooth.Cycle] = (), remembered: Sequence[staircase.Write] = ()) -> Trend | None:
     """Trend of available bytes over the window; None until min_span of data exists. `known`: the
-    cleanup cycles learned by earlier fits (Trend.cycles), for saw-tooths slower than the window shows."""
+    cleanup cycles learned by earlier fits (Trend.cycles), for saw-tooths slower than the window shows;
+    `remembered`: the checkpoint-sized writes remembered (staircase.remember), for a writer's pace."""
     seen_pts = despiked([p for p in avail if now - window <= p[0] <= now])
     pts = whole = settled(seen_pts, size)
     # A rise at the newest samples not counted yet (bytes): a cleanup coming, or an outlier.
@@ -148,7 +155,7 @@ def fill_trend(avail: Points, size: float, now: float, window: float, min_span: 
     seen_since = _seen_since(pts)
     if seen_since is not None:
         evidence = max(min(evidence, pts[-1][0] - seen_since), 1.0)  # (0 would read as "all of the span")
-    trend, proven = _forecast(pts, whole, bool(drops), cycles, rate, evidence, size, now, arriving)
+    trend, proven = _forecast(pts, whole, bool(drops), cycles, rate, evidence, size, now, arriving, remembered)
     if trend.bounded and known:
         # Cycles learned before the window, in a rhythm not known to keep up, may not delay the alert past
         # what the window alone says either (a fit with nothing learned: its own cycles, or the plain line).
@@ -168,12 +175,12 @@ def fill_trend(avail: Points, size: float, now: float, window: float, min_span: 
 
 
 def _forecast(pts: Points, whole: Points, dropped: bool, cycles: tuple, rate: float, evidence: float, size: float,
-              now: float, arriving: float) -> tuple[Trend, bool]:
+              now: float, arriving: float, remembered: Sequence[staircase.Write]) -> tuple[Trend, bool]:
     """(the trend at `rate`, whether it counts on a rhythm that keeps up: postpone.may_postpone)."""
     span = pts[-1][0] - pts[0][0]
     if len(cycles) < 2 or rate <= 0:
         # No deletion, or one recent one: the writer's pace, without assuming someone deletes again.
-        stepped = _stepped(pts, size, rate, now) if rate > 0 and not dropped else None
+        stepped = _stepped(pts, size, rate, now, remembered) if rate > 0 and not dropped else None
         if stepped is not None:
             return Trend(slope=rate, span=span, points=len(pts), eta=stepped.eta, evidence=evidence,
                          cycles=cycles, eta_error=stepped.error, eta_early=stepped.early), False
