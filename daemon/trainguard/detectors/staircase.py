@@ -117,16 +117,19 @@ def stepped_eta(pts: Points, found: Sequence, background: float, rate: float, no
     def forecast(sizes: Sequence[float], gaps: Sequence[float], fill: float) -> Stepped | None:
         """The rhythm of these writes run forward, where it is one and explains the `fill` (bytes/s: the
         regime's rate, within 30 %, and the writes half of it at least: not noise on a steady writer)."""
+        if len(gaps) < 2:
+            return None
+        spread = _spread(sizes, gaps)
+        if spread / math.sqrt(len(gaps)) > MAX_STEP_ERROR:
+            return None  # sizes or intervals all over the place: bursts, not a checkpoint rhythm
         # Means, not medians: saves jitter in size and time around a steady pace, and the mean of a few is
         # the closer estimate of it (the median of five was 5 % off where the mean was 3 %).
-        if len(gaps) < 2 or _spread(sizes, gaps) / math.sqrt(len(gaps)) > MAX_STEP_ERROR:
-            return None  # sizes or intervals all over the place: bursts, not a checkpoint rhythm
         nbytes, every = statistics.fmean(sizes), statistics.fmean(gaps)
         if abs(nbytes / every + background - fill) > 0.3 * fill or nbytes / every < STEP_SHARE * fill:
             return None
         avail = pts[-1][1] - (max(nbytes - seen_so_far, 0.0) if ongoing else 0.0)
         return _run(avail, _next_in(found[-1].start, every, now), every, background, nbytes, write, largest,
-                    _spread(sizes, gaps), len(gaps), min(len(sizes), len(gaps)))
+                    spread, len(gaps), min(len(sizes), len(gaps)))
 
     mine = forecast(sizes, gaps, rate)
     # The day's writes are the same writer's where they agree with the window's (`_same_writer`): their
