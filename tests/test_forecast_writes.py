@@ -13,7 +13,7 @@ from trainguard.detectors import staircase
 from trainguard.detectors.follow import learned, seeded
 from trainguard.detectors.steps import Step
 from trainguard.detectors.trend import GAP
-from trainguard.store.cycles import LearnedCycles
+from trainguard.store.cycles import LearnedCycles, read_learned
 
 from tests.support import fill_props as fp
 from tests.support.plain_fit import plain_warnings
@@ -142,3 +142,16 @@ def test_writes_remembered_only_ever_bring_the_forecast_earlier(sizes, gaps, bef
         # Where the window's few writes alone read as bursts, the trend is the line at the window's rate.
         line = pts[-1][1] / rate
         assert both.eta <= (alone.eta if alone else line) and both.early <= (alone.early if alone else line)
+
+
+def test_a_database_without_the_writes_table_still_gives_its_cycles(tmp_path):
+    """`trainguard status` reads the state database as it finds it, read-only: one an older version wrote
+    has no table of writes, and its cleanup cycles still count."""
+    path = tmp_path / "state.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("CREATE TABLE forecast_cycles (mount TEXT NOT NULL, ts REAL NOT NULL, low REAL NOT NULL, "
+                 "freed REAL NOT NULL, fs TEXT NOT NULL DEFAULT '', PRIMARY KEY (mount, ts)) WITHOUT ROWID")
+    conn.execute("INSERT INTO forecast_cycles VALUES ('/data', 1000.0, 20e9, 50e9, '')")
+    conn.close()
+    read_only = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    assert read_learned(read_only, 2 * H) == {"/data": ("", ((1000.0, 20e9, 50e9),))}
