@@ -104,3 +104,19 @@ def test_a_cycle_learned_before_is_kept_where_the_window_no_longer_shows_it():
     seen = [sawtooth.Cycle(0.0, 50 * GB, 80 * GB), sawtooth.Cycle(1920.0, 48 * GB, 82 * GB)]
     merged = sawtooth.merge(known, seen, 2000.0)
     assert [c.ts for c in merged] == [0.0, 900.0, 1920.0]  # the one seen again is the window's
+
+
+def test_a_period_that_hid_cleanups_while_down_does_not_make_a_gc_late():
+    # A GC at its mark about every 2 h (its period scatters with the writer's pace); the daemon was down
+    # from 4.5 h to 9.5 h and two cleanups came unseen, so one interval reads 6 h. At 22.9 h, 0.3 periods
+    # past the usual time, a 13 GB checkpoint takes the disk below its lows' floor: the GC runs a minute
+    # later, as its mark says. Full in 2.2 h at this pace, but not before its time is passed (23.6 h).
+    ts = [0.0, 2.5, 4.0, 10.0, 11.2, 13.7, 16.2, 18.2, 20.2]
+    lows = [80.0, 81.0, 79.5, 80.5, 79.0, 80.0, 81.0, 79.5, 80.5]
+    seen = [sawtooth.Cycle(t * H, v * GB, 50 * GB) for t, v in zip(ts, lows)]
+    gross, size, checkpoint = 25 * GB / H, 300 * GB, 13 * GB
+    assert sawtooth.late_after(seen) == pytest.approx(23.56 * H, abs=0.05 * H)
+    assert not sawtooth.next_low(seen, 56 * GB, gross, size, checkpoint, 22.9 * H).stopped
+    # Past its time, the same disk is counted on no cleanup; nor before it where it is full first.
+    assert sawtooth.next_low(seen, 56 * GB, gross, size, checkpoint, 23.7 * H).stopped
+    assert sawtooth.next_low(seen, 10 * GB, gross, size, checkpoint, 22.9 * H).stopped
