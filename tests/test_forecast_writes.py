@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from trainguard.detectors import staircase
 from trainguard.detectors.follow import learned, seeded
 from trainguard.detectors.steps import Step
-from trainguard.detectors.trend import GAP
+from trainguard.detectors.trend import GAP, window_writes
 from trainguard.store.cycles import LearnedCycles, read_learned
 
 from tests.support import fill_props as fp
@@ -104,6 +104,20 @@ def test_writes_are_remembered_a_day_with_the_intervals_seen_and_not_across_a_ga
     assert [(w.start, w.after) for w in again] == [(1000.0, 0.0), (4700.0, 3600.0), (10000.0, 0.0)]
     assert staircase.remember(again, (), 1000.0 + 24 * H + 1) == again[1:]  # a day on, the first is forgotten
     assert staircase.remember(again, (), 4000.0) == again[:1]  # none after now (the clock went back)
+
+
+def test_a_fall_across_downtime_is_not_remembered_as_one_write():
+    # 5 GB saves every hour and 1 GB/h besides; the daemon was down from 2.8 h to 3.9 h, and the save at
+    # 3.5 h came while it was. The fall across the gap is all that was written while down: remembered as
+    # one write, 0.3 h after the one before it (the last sample before the gap), it made the writer's pace
+    # look faster than it is, and a disk 11 h from full at that pace was warned "earliest in 6 h".
+    avail, _ = staircase_disk([(k * H + 0.5 * H, 5 * GB) for k in range(6)], 200 * GB, GB / H)
+    pts = [(k * STEP, v) for k, v in enumerate(avail) if k * STEP <= 6 * H and not 2.8 * H <= k * STEP < 3.9 * H]
+    found, _ = window_writes(pts, SIZE)
+    assert [round(s.nbytes / GB, 1) for s in found] == [5.0, 5.0, 5.0, 6.1, 5.0, 5.0]
+    remembered = staircase.seen(pts, found, GAP)
+    assert [round(w.start / H, 1) for w in remembered] == [0.5, 1.5, 2.5, 4.5, 5.5]
+    assert [w.after for w in remembered] == [0.0, H, H, 0.0, H]
 
 
 def test_remembered_writes_survive_a_restart_beside_the_cycles(tmp_path):
