@@ -101,15 +101,15 @@ def test_a_writer_known_for_a_day_is_not_warned_on_the_scatter_of_a_window_of_it
     three times as well: the window's pace run forward with that error reads 7 h or more, and no warning
     (the central ETA and the plain line: 10 h). Without them the window's bound stands."""
     cfg = fp.CFG
-    day = [(0.16, 6.6), (1.67, 4.4), (4.76, 4.5), (6.24, 7.1), (7.16, 4.9), (8.59, 6.7), (9.69, 5.9),
-           (11.21, 6.6), (12.66, 3.7), (13.59, 5.2), (15.16, 6.4)]
+    # Before the window, as remembered: (start h, GB, hours since the write before; 0 where not watched).
+    before = [(0.16, 6.6, 0.0), (1.67, 4.4, 1.51), (4.76, 4.5, 0.0), (6.24, 7.1, 1.48), (7.16, 4.9, 0.92),
+              (8.59, 6.7, 1.43), (9.69, 5.9, 1.10)]
+    window = [(11.21, 6.6), (12.66, 3.7), (13.59, 5.2), (15.16, 6.4)]
     background, now = 0.64 * GB / H, 15.7 * H
-    free = 50.7 * GB + sum(v for _, v in day) * GB + background * now
-    avail, _ = staircase_disk([(t * H, v * GB) for t, v in day], free, background)
+    day = [(t * H, v * GB) for t, v, _ in before] + [(t * H, v * GB) for t, v in window]
+    avail, _ = staircase_disk(day, 50.7 * GB + sum(v for _, v in day) + background * now, background)
     pts = [(k * STEP, v) for k, v in enumerate(avail) if now - cfg.window <= k * STEP <= now]
-    known = []  # as remembered: each with its interval, the one before a restart's gap without
-    for (t0, _), (t, v) in zip([(None, None), *day[:7]], day[:7]):
-        known.append(staircase.Write(t * H, v * GB, (t - t0) * H if t0 is not None and t != 4.76 else 0.0))
+    known = [staircase.Write(t * H, v * GB, after * H) for t, v, after in before]
     alone = fill_trend(pts, SIZE, now, cfg.window, cfg.min_span)
     both = fill_trend(pts, SIZE, now, cfg.window, cfg.min_span, remembered=known)
     assert alone.eta_early < 6.2 * H and forecast.level(alone, cfg) is not None
