@@ -182,9 +182,9 @@ def next_low(cycles: Sequence[Cycle], latest: float, gross: float, size: float, 
     below = latest < level_floor(cycles, size, largest_write)
     # Its latest time: the longest period seen, but no later than its time is passed (an interval that
     # hid a cleanup come while the daemon was down is two periods, not a late one).
-    latest_time = min(last + max(b.ts - a.ts for a, b in zip(cycles, cycles[1:])), missed_after(cycles))
-    if below and not may_be_coming(cycles, arriving) and (
-            now >= missed_after(cycles) or now + eta_without < latest_time):
+    missed = missed_after(cycles)
+    latest_time = min(last + max(b.ts - a.ts for a, b in zip(cycles, cycles[1:])), missed)
+    if below and not may_be_coming(cycles, arriving) and (now >= missed or now + eta_without < latest_time):
         # Neither its level nor its time brought the cleanup (or the disk is full before even its
         # latest time): it may have stopped, so count on none.
         return NextLow(eta_without, next_in, eta_without, every, frees, lowest, stopped=True)

@@ -148,10 +148,10 @@ def stepped_eta(pts: Points, found: Sequence, background: float, rate: float, no
         return forecast(sizes, gaps, rate)
     # Known from the day's writes, the window's pace is run forward too, with what they tell of its error
     # (its own few writes would widen the earliest ETA by an error the day's writes do not have): a pace
-    # a little faster than the day's, within what the same writer scatters by, is warned as it is.
+    # a little faster than the day's, within what the same writer scatters by, is warned as it is. A
+    # rhythm the window's few call bursts is one by the day's; the alert comes no later than the window
+    # alone says (its rate's line, where it sees no rhythm).
     mine = forecast(sizes, gaps, rate, min(len(pooled[0]), len(pooled[1])))
-    # Known from the day's writes, a rhythm the window's few call bursts is one; the alert comes no later
-    # than the window alone says (its rate, where it sees no rhythm).
     eta = mine.eta if mine is not None else pts[-1][1] / rate
     early = mine.early if mine is not None else eta
     return Stepped(min(eta, learned.eta), learned.error if learned.eta <= eta or mine is None else mine.error,
