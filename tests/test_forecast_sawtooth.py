@@ -120,3 +120,25 @@ def test_a_period_that_hid_cleanups_while_down_does_not_make_a_gc_late():
     # Past its time, the same disk is counted on no cleanup; nor before it where it is full first.
     assert sawtooth.next_low(seen, 56 * GB, gross, size, checkpoint, 23.7 * H).stopped
     assert sawtooth.next_low(seen, 10 * GB, gross, size, checkpoint, 22.9 * H).stopped
+
+
+def test_a_cleanup_that_came_while_the_daemon_was_down_is_placed_by_its_rhythm():
+    # A timer every 75 min frees what 20 GB/h wrote since the last; the daemon was down 4.39-4.54 h and the
+    # cleanup at 4.40 h shows only in the first sample after it, 8.4 min late. Taken as it shows, its two
+    # periods (83.4 and 66.6 min) would read as a rhythm that jitters by that much. Placed where the
+    # rhythm puts it within the hole, it is as regular as it is; and whatever an earlier fit learned of it.
+    rate, top, size = 20 * GB / H, 100 * GB, 1000 * GB
+    ticks = [0.65 * H, 1.90 * H, 3.15 * H, 4.40 * H, 5.65 * H]
+    down, now = (4.39 * H, 4.54 * H), 6.0 * H
+
+    def avail(t: float) -> float:
+        return top - rate * (t - max((c for c in ticks if c <= t), default=0.0))
+
+    pts = [(t, avail(t)) for t in (10.0 * k for k in range(int(now / 10) + 1)) if not down[0] < t < down[1]]
+    for known in ((), (sawtooth.Cycle(4.54 * H, 75 * GB, 25 * GB),)):
+        trend = forecast.fill_trend(pts, size, now, 6 * H, 1800, known=known)
+        assert [round(c.ts / H, 3) for c in trend.cycles] == [0.65, 1.90, 3.15, 4.40, 5.65]
+        assert sawtooth.late_after(trend.cycles) == pytest.approx((5.65 + 1.25 * (1 + sawtooth.LATE)) * H, abs=60)
+    # With no rhythm before it to place it by, it is where it shows.
+    trend = forecast.fill_trend([p for p in pts if p[0] > 3.5 * H], size, now, 6 * H, 1800)
+    assert [round(c.ts / H, 2) for c in trend.cycles] == [4.54, 5.65]

@@ -93,6 +93,12 @@ def low_before(points: Points, drop: Drop) -> float:
     return min(v for _, v in points[max(drop.start - 3, 0):drop.start + 1])
 
 
+def timed(points: Points, drop: Drop, hole: float) -> bool:
+    """Whether the samples show when the jump came: none of its steps spans more than `hole` seconds."""
+    run = points[drop.start:drop.index + 1]
+    return all(b[0] - a[0] <= hole for a, b in zip(run, run[1:]))
+
+
 def burst(pts: Points, write: Drop) -> bool:
     """A run of falls that was much faster than what came after it (a download, one checkpoint), not a
     steady fill whose averaged points happen to fall sample after sample."""

@@ -25,6 +25,7 @@ stated there and in docs/forecast.md). What a GC that keeps up means for the for
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Sequence
@@ -66,17 +67,36 @@ class NextLow:
     early: float | None = None  # seconds to full if the lows come in LOW_ERRORS of their errors lower
 
 
-def merge(known: Sequence[Cycle], seen: Sequence[Cycle], now: float) -> tuple[Cycle, ...]:
+def merge(known: Sequence[Cycle], seen: Sequence[Cycle], now: float,
+          untimed: Sequence[tuple[float, Cycle]] = ()) -> tuple[Cycle, ...]:
     """The cycles to judge by: those the window shows, and those learned before that it does not show
     (one the window has just cut into is no longer seen whole, but was), kept for `memory` of them and not
-    later than now (after a clock step back they are forgotten)."""
+    later than now (after a clock step back they are forgotten). `untimed`: cleanups the window shows only
+    after a hole in the samples (from when, the cycle at the hole's end), placed in it by `placed`."""
     # A cleanup's time moves by up to a history bucket when its samples are averaged: 5 min apart is
     # another cleanup. One seen before and not now is kept: averaged into minute means beside a
     # checkpoint write, a cleanup seen whole in the fine samples may no longer read as one.
-    known = [c for c in known if c.ts <= now and all(abs(c.ts - s.ts) > 300.0 for s in seen)]
-    cycles = sorted([*known, *seen], key=lambda c: c.ts)[-MAX_CYCLES:]
+    known = [c for c in known if c.ts <= now and all(abs(c.ts - s.ts) > 300.0 for s in seen)
+             and all(not since - 300.0 <= c.ts <= s.ts + 300.0 for since, s in untimed)]
+    cycles = sorted([*known, *seen], key=lambda c: c.ts)
+    for since, cycle in untimed:
+        cycles = sorted([*cycles, placed(cycles, since, cycle)], key=lambda c: c.ts)
+    cycles = cycles[-MAX_CYCLES:]
     keep = memory(cycles)
     return tuple(c for c in cycles if now - keep <= c.ts)
+
+
+def placed(cycles: Sequence[Cycle], since: float, cycle: Cycle) -> Cycle:
+    """A cleanup that came while no sample was taken, between `since` and `cycle.ts` (the daemon was
+    down): where the rhythm of the cycles before it puts the last one in that hole (a median period on
+    from the one before, or whole periods on in a longer hole), or at its end where no rhythm is known yet.
+    At the hole's end, a timer every 75 min seen 9 min late would read as jittering by that much."""
+    before = [c for c in cycles if c.ts < since]
+    if len(before) < 2:
+        return cycle
+    every = statistics.median(b.ts - a.ts for a, b in zip(before, before[1:]))
+    periods = max(math.floor((cycle.ts - before[-1].ts) / every), 1)
+    return dataclasses.replace(cycle, ts=min(max(before[-1].ts + periods * every, since), cycle.ts))
 
 
 def memory(cycles: Sequence[Cycle]) -> float:

@@ -37,7 +37,7 @@ from trainguard.detectors.fit import (
     regime,
 )
 from trainguard.detectors.growth import grown_eta
-from trainguard.detectors.jumps import burst, jumps, low_before, settled, without_drops
+from trainguard.detectors.jumps import burst, jumps, low_before, settled, timed, without_drops
 from trainguard.detectors.postpone import (
     bounded_by_line,
     may_hold,
@@ -48,6 +48,9 @@ from trainguard.detectors.steps import steps
 from trainguard.detectors.warmup import warming
 
 GAP = 900.0  # seconds without a sample: the daemon was down (or the clock jumped); nothing was seen
+# A cleanup whose rise spans a hole in the samples longer than two history buckets came at a time not
+# seen (the daemon was down): the rhythm places it (sawtooth.placed).
+UNTIMED = 150.0
 
 @dataclass(frozen=True, slots=True)
 class Trend:
@@ -133,8 +136,9 @@ def fill_trend(avail: Points, size: float, now: float, window: float, min_span: 
     if len(pts) < MIN_POINTS or pts[-1][0] - pts[0][0] < min_span:
         return None
     drops = seen = jumps(pts, size, rising=True)
-    cycles = sawtooth.merge(known, [sawtooth.Cycle(d.ts, low_before(pts, d), d.freed) for d in drops if d.start >= 3],
-                            now)
+    cleanups = [(d, sawtooth.Cycle(d.ts, low_before(pts, d), d.freed)) for d in drops if d.start >= 3]
+    cycles = sawtooth.merge(known, [c for d, c in cleanups if timed(pts, d, UNTIMED)], now,
+                            [(pts[d.start][0], c) for d, c in cleanups if not timed(pts, d, UNTIMED)])
     if len(drops) == 1 and len(cycles) < 2 and pts[-1][0] - drops[0].ts >= min_span:
         pts = pts[drops[0].index:]  # a change point with enough data after it
         drops = []
