@@ -110,16 +110,40 @@ def test_a_period_that_hid_cleanups_while_down_does_not_make_a_gc_late():
     # A GC at its mark about every 2 h (its period scatters with the writer's pace); the daemon was down
     # from 4.5 h to 9.5 h and two cleanups came unseen, so one interval reads 6 h. At 22.9 h, 0.3 periods
     # past the usual time, a 13 GB checkpoint takes the disk below its lows' floor: the GC runs a minute
-    # later, as its mark says. Full in 2.2 h at this pace, but not before its time is passed (23.6 h).
+    # later, as its mark says. Full in 2.2 h at this pace, but not before its time is passed (24.65 h: the
+    # longest single period, 2.5 h, later by half again the range of those, 1.2-2.5 h).
     ts = [0.0, 2.5, 4.0, 10.0, 11.2, 13.7, 16.2, 18.2, 20.2]
     lows = [80.0, 81.0, 79.5, 80.5, 79.0, 80.0, 81.0, 79.5, 80.5]
     seen = [sawtooth.Cycle(t * H, v * GB, 50 * GB) for t, v in zip(ts, lows)]
     gross, size, checkpoint = 25 * GB / H, 300 * GB, 13 * GB
-    assert sawtooth.late_after(seen) == pytest.approx(23.56 * H, abs=0.05 * H)
+    assert sawtooth.late_after(seen) == pytest.approx(24.65 * H, abs=0.01 * H)
     assert not sawtooth.next_low(seen, 56 * GB, gross, size, checkpoint, 22.9 * H).stopped
     # Past its time, the same disk is counted on no cleanup; nor before it where it is full first.
-    assert sawtooth.next_low(seen, 56 * GB, gross, size, checkpoint, 23.7 * H).stopped
+    assert sawtooth.next_low(seen, 56 * GB, gross, size, checkpoint, 24.7 * H).stopped
     assert sawtooth.next_low(seen, 10 * GB, gross, size, checkpoint, 22.9 * H).stopped
+
+
+@pytest.mark.parametrize(("periods", "lows", "late", "past"), [
+    # A timer every 1.51 h +-25 % whose first five periods spanned 1.20-1.49 h: its lows follow its
+    # periods (100 GB/h from 300 GB free). The sixth came 1.86 h after the fifth.
+    ([1.20, 1.38, 1.30, 1.49, 1.35], [180.0, 162.0, 170.0, 151.0, 165.0, 180.0], 1.86, 1.95),
+    # A GC at its mark, the mark jittering +-17 GB from cycle to cycle and the writer's pace +-20 %: five
+    # lows within 5.8 GB, periods 1.12-1.81 h. The sixth came 2.59 h after the fifth, 10 GB under them.
+    ([1.12, 1.61, 1.58, 1.81, 1.65], [100.0, 103.5, 98.2, 101.0, 103.9, 99.4], 2.59, 2.9),
+])
+def test_a_rhythm_seen_a_few_times_is_late_past_what_its_periods_span(periods, lows, late, past):
+    # A few periods seen span less than the rhythm scatters: a cleanup later than any of them is not yet
+    # missed. Later than the longest by half again their range it is, with the disk under its lows.
+    ts = [0.0]
+    for p in periods:
+        ts.append(ts[-1] + p * H)
+    seen = [sawtooth.Cycle(t, v * GB, 150 * GB) for t, v in zip(ts, lows)]
+    gross, last = 100 * GB / H, ts[-1]
+    below = sawtooth.level_floor(seen, SIZE, 0.0) - 5 * GB  # under its lows by more than they scatter
+    for hours, stopped in ((late, False), (past, True)):
+        assert sawtooth.next_low(seen, below, gross, SIZE, 0.0, last + hours * H).stopped is stopped
+    assert sawtooth.late_after(seen) == pytest.approx(
+        last + (max(periods) + sawtooth.RANGES_LATE * (max(periods) - min(periods))) * H)
 
 
 def test_a_cleanup_that_came_while_the_daemon_was_down_is_placed_by_its_rhythm():

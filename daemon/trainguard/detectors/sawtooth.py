@@ -39,6 +39,11 @@ MEMORY_MAX = 7 * 86400.0  # ... up to a week (a weekly cleanup is then known fro
 MAX_CYCLES = 16
 LATE = 0.1  # a cleanup later than its periods scatter, and this share of a period at least, with the disk
 # below its lows by their scatter, has stopped
+# A few periods span less than the rhythm scatters (five of a timer +-25 % span two thirds of its range on
+# average, and half of it or less one time in five), and the median deviation of a few is looser still: a
+# cleanup is not late before the longest period seen, later by half again their range. Periods off their
+# mean by up to j are then called late 4 j past it at most.
+RANGES_LATE = 1.5
 ONE_PERIOD_LATE = 1.0  # with one period seen its scatter is unknown (one timed off a first cleanup seen
 # in warm-up, or a short one of a jittery GC): the next may come twice it later
 JITTER_OF_FREED = 0.3  # lows scatter at least this share of what a cleanup frees (its trigger jitters)
@@ -125,12 +130,17 @@ def missed_after(cycles: Sequence[Cycle]) -> float:
 
 def late_after(cycles: Sequence[Cycle]) -> float:
     """When the next cleanup is later than the periods scatter: three robust widths of them past their
-    median, or LATE of one where they hardly scatter (or where one period is all that was seen). Robust: a
-    cleanup seen only after a restart's downtime came "late" once without the rhythm being any looser."""
+    median, or LATE of one where they hardly scatter (or where one period is all that was seen), and no
+    sooner than the longest period seen by RANGES_LATE of their range. Robust: a cleanup seen only after a
+    restart's downtime came "late" once without the rhythm being any looser, and an interval that hid
+    cleanups while the daemon was down (twice the median or more) is not one period."""
     periods = [b.ts - a.ts for a, b in zip(cycles, cycles[1:])]
     every = statistics.median(periods)
     spread = 1.4826 * statistics.median(abs(p - every) for p in periods)
-    return cycles[-1].ts + every + max(3 * spread, LATE * every)
+    single = [p for p in periods if p < 2 * every] or periods
+    longest = max(single)
+    by_range = longest + RANGES_LATE * (longest - min(single))
+    return cycles[-1].ts + max(every + max(3 * spread, LATE * every), by_range)
 
 
 def may_be_coming(cycles: Sequence[Cycle], arriving: float) -> bool:
