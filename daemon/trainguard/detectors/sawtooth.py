@@ -97,9 +97,9 @@ def placed(cycles: Sequence[Cycle], since: float, cycle: Cycle) -> Cycle:
     from the one before, or whole periods on in a longer hole), or at its end where no rhythm is known yet.
     At the hole's end, a timer every 75 min seen 9 min late would read as jittering by that much."""
     before = [c for c in cycles if c.ts < since]
-    if len(before) < 2:
+    every = statistics.median(b.ts - a.ts for a, b in zip(before, before[1:])) if len(before) > 1 else 0.0
+    if every <= 0:
         return cycle
-    every = statistics.median(b.ts - a.ts for a, b in zip(before, before[1:]))
     periods = max(math.floor((cycle.ts - before[-1].ts) / every), 1)
     return dataclasses.replace(cycle, ts=min(max(before[-1].ts + periods * every, since), cycle.ts))
 
