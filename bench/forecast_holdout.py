@@ -4,8 +4,9 @@
     PYTHONPATH=daemon python bench/forecast_holdout.py --hold-out [--per-family 20]
 
 Seeds below 1000001 are for development. A hold-out range is run once with the final code and then counts
-as seen: 1000001-20 to 9000001-20 were, 10000001-3 to 22000001-3 (`--hold-out --per-family 3`) and
-23000001-12 (the last, in docs/forecast.md); `--hold-out` runs the next range no code has run on yet (24000001 on).
+as seen: 1000001-20 to 9000001-20 were, 10000001-3 to 22000001-3 (`--hold-out --per-family 3`),
+23000001-12, 24000001-12 and 25000001-12 (the last, in docs/forecast.md); `--hold-out` runs the next range no
+code has run on yet (26000001 on).
 Each trace is fed, 10 s sample by 10 s sample with the wall-clock stamps the daemon would write
 (restarts leave gaps, clock steps move the stamps), through the daemon's History and the daemon's own
 fit and alert rule (detectors.forecast.follow_trend and level, default [forecast]), evaluated every
@@ -48,7 +49,7 @@ from trainguard.store.history import History  # noqa: E402
 
 H = 3600.0
 CFG = Forecast()
-HOLD_OUT = 24_000_001  # 1000001-20 to 9000001-20, 10000001-3 to 22000001-3 and 23000001-12 have been run: seen
+HOLD_OUT = 26_000_001  # 1000001-20 to 9000001-20, 10000001-3 to 22000001-3, 23000001-12 to 25000001-12: seen
 NAME = "fs.avail_bytes:/data"
 
 
