@@ -37,6 +37,8 @@ MEMORY = 24 * 3600.0  # cycles are remembered at least this long (a day of check
 PERIODS_KEPT = 4  # ... and at least this many of their longest period (two periods left as one is late) ...
 MEMORY_MAX = 7 * 86400.0  # ... up to a week (a weekly cleanup is then known from its last two)
 MAX_CYCLES = 16
+SAME_CLEANUP = 300.0  # a cleanup's time moves by up to a history bucket when its samples are averaged:
+# 5 min apart is another cleanup
 LATE = 0.1  # a cleanup later than its periods scatter, and this share of a period at least, with the disk
 # below its lows by their scatter, has stopped
 # A few periods span less than the rhythm scatters (five of a timer +-25 % span two thirds of its range on
@@ -78,11 +80,10 @@ def merge(known: Sequence[Cycle], seen: Sequence[Cycle], now: float,
     (one the window has just cut into is no longer seen whole, but was), kept for `memory` of them and not
     later than now (after a clock step back they are forgotten). `untimed`: cleanups the window shows only
     after a hole in the samples (from when, the cycle at the hole's end), placed in it by `placed`."""
-    # A cleanup's time moves by up to a history bucket when its samples are averaged: 5 min apart is
-    # another cleanup. One seen before and not now is kept: averaged into minute means beside a
-    # checkpoint write, a cleanup seen whole in the fine samples may no longer read as one.
-    known = [c for c in known if c.ts <= now and all(abs(c.ts - s.ts) > 300.0 for s in seen)
-             and all(not since - 300.0 <= c.ts <= s.ts + 300.0 for since, s in untimed)]
+    # One seen before and not now is kept: averaged into minute means beside a checkpoint write, a
+    # cleanup seen whole in the fine samples may no longer read as one.
+    known = [c for c in known if c.ts <= now and all(abs(c.ts - s.ts) > SAME_CLEANUP for s in seen)
+             and all(not since - SAME_CLEANUP <= c.ts <= s.ts + SAME_CLEANUP for since, s in untimed)]
     cycles = sorted([*known, *seen], key=lambda c: c.ts)
     for since, cycle in untimed:
         cycles = sorted([*cycles, placed(cycles, since, cycle)], key=lambda c: c.ts)

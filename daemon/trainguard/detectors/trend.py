@@ -136,9 +136,10 @@ def fill_trend(avail: Points, size: float, now: float, window: float, min_span: 
     if len(pts) < MIN_POINTS or pts[-1][0] - pts[0][0] < min_span:
         return None
     drops = seen = jumps(pts, size, rising=True)
-    cleanups = [(d, sawtooth.Cycle(d.ts, low_before(pts, d), d.freed)) for d in drops if d.start >= 3]
-    cycles = sawtooth.merge(known, [c for d, c in cleanups if timed(pts, d, UNTIMED)], now,
-                            [(pts[d.start][0], c) for d, c in cleanups if not timed(pts, d, UNTIMED)])
+    cleanups = [(timed(pts, d, UNTIMED), pts[d.start][0], sawtooth.Cycle(d.ts, low_before(pts, d), d.freed))
+                for d in drops if d.start >= 3]
+    cycles = sawtooth.merge(known, [c for ok, _, c in cleanups if ok], now,
+                            [(since, c) for ok, since, c in cleanups if not ok])
     if len(drops) == 1 and len(cycles) < 2 and pts[-1][0] - drops[0].ts >= min_span:
         pts = pts[drops[0].index:]  # a change point with enough data after it
         drops = []
